@@ -1,0 +1,34 @@
+# Two commands for a fresh machine with Python >= 3.11: `make run` and `make test`.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed-stamp
+
+.PHONY: run test lint unit venv clean bench
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+## Start the embedded PostgreSQL, install the schema, and run the scheduler with a demo job.
+run: $(STAMP)
+	$(BIN)/radixjobs db start
+	$(BIN)/radixjobs install
+
+## Lint, type-check and run the whole test suite against a real PostgreSQL.
+test: $(STAMP) lint
+	$(BIN)/pytest -n 2 --dist loadgroup
+
+lint: $(STAMP)
+	$(BIN)/ruff check src tests bench
+	$(BIN)/mypy
+
+unit: $(STAMP)
+	$(BIN)/pytest tests/unit
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

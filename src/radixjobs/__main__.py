@@ -1,0 +1,3 @@
+from radixjobs.cli import main
+
+main()

@@ -1,0 +1,256 @@
+"""The ``radixjobs`` command line."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+import psycopg
+
+from radixjobs import migrate, output
+from radixjobs.config import Target, open_target
+from radixjobs.db import connect, first_line
+from radixjobs.embedded import EmbeddedServer
+from radixjobs.errors import RadixError
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+@dataclass
+class Options:
+    dsn: str | None
+    home: Path | None
+    json: bool
+
+
+def common_options(func: F) -> F:
+    """--dsn, --home and --json on every command (also accepted before the command name)."""
+
+    @click.option("--dsn", envvar="RADIXJOBS_DSN", default=None, metavar="DSN",
+                  help="PostgreSQL DSN or URI (default: libpq PG* variables, else the embedded server).")
+    @click.option("--home", envvar="RADIXJOBS_HOME", default=None, metavar="DIR",
+                  type=click.Path(file_okay=False, path_type=Path),
+                  help="Data directory of the embedded server.")
+    @click.option("--json", "as_json", is_flag=True, default=False, help="Print JSON.")
+    @click.pass_context
+    def wrapper(ctx: click.Context, /, dsn: str | None, home: Path | None, as_json: bool,
+                **kwargs: Any) -> Any:
+        parent: Options = ctx.find_object(Options) or Options(None, None, False)
+        opts = Options(dsn or parent.dsn, home or parent.home, as_json or parent.json)
+        return ctx.invoke(func, opts, **kwargs)
+
+    functools.update_wrapper(wrapper, func)
+    return wrapper  # type: ignore[return-value]
+
+
+@contextlib.contextmanager
+def database(opts: Options, *, need_schema: bool = True) -> Iterator[psycopg.Connection[Any]]:
+    """A connection to the target; the embedded default gets the schema installed on the way."""
+    with open_target(opts.dsn, opts.home) as target, connect(target.dsn) as conn:
+        if need_schema:
+            _ensure_schema(conn, target)
+        yield conn
+
+
+def _ensure_schema(conn: psycopg.Connection[Any], target: Target) -> None:
+    if target.embedded is not None:
+        migrate.install(conn)
+    else:
+        migrate.check_ready(conn)
+
+
+def emit(opts: Options, value: Any, human: str) -> None:
+    click.echo(output.to_json(value) if opts.json else human)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.option("--dsn", envvar="RADIXJOBS_DSN", default=None, metavar="DSN", help="PostgreSQL DSN or URI.")
+@click.option("--home", envvar="RADIXJOBS_HOME", default=None, metavar="DIR",
+              type=click.Path(file_okay=False, path_type=Path), help="Embedded server data directory.")
+@click.option("--json", "as_json", is_flag=True, default=False, help="Print JSON.")
+@click.option("-v", "--verbose", count=True, help="More log output (-vv for debug).")
+@click.version_option(package_name="radixjobs")
+@click.pass_context
+def cli(ctx: click.Context, dsn: str | None, home: Path | None, as_json: bool, verbose: int) -> None:
+    """radixjobs: a durable, SQL-native job scheduler for PostgreSQL."""
+    level = {0: logging.WARNING, 1: logging.INFO}.get(verbose, logging.DEBUG)
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    ctx.obj = Options(dsn, home, as_json)
+
+
+# -- sql ---------------------------------------------------------------------------------------------
+@cli.command("sql")
+@click.option("-c", "--command", "text", default=None, metavar="TEXT", help="SQL text to run.")
+@click.option("-f", "--file", "file", default=None, type=click.File("r", encoding="utf-8"),
+              help="SQL script to run ('-' for standard input).")
+@common_options
+def sql_command(opts: Options, text: str | None, file: Any) -> None:
+    """Run SQL (and job DDL) from -c TEXT, -f FILE or standard input, statement by statement."""
+    from radixjobs.scripts import run_script
+
+    if text is not None and file is not None:
+        raise click.UsageError("give either -c or -f, not both")
+    if text is None:
+        text = file.read() if file is not None else sys.stdin.read()
+    with database(opts) as conn:
+        for result in run_script(conn, text):
+            if opts.json:
+                if result.returns_rows:
+                    click.echo(output.to_json(result.records()))
+            elif result.returns_rows:
+                click.echo(output.render_table(result.columns, result.rows))
+            elif result.status:
+                click.echo(result.status)
+
+
+# -- install -----------------------------------------------------------------------------------------
+@cli.command("install")
+@common_options
+def install_command(opts: Options) -> None:
+    """Create or upgrade the radix schema (idempotent)."""
+    with database(opts, need_schema=False) as conn:
+        applied = migrate.install(conn)
+        version = migrate.code_version()
+        names = [f"{m.version:04d}_{m.name}" for m in applied]
+        human = (f"applied {len(applied)} migration(s): {', '.join(names)}; schema at version {version}"
+                 if applied else f"schema already at version {version}; nothing to do")
+        emit(opts, {"database": conn.info.dbname, "version": version, "applied": names}, human)
+
+
+# -- db ----------------------------------------------------------------------------------------------
+@cli.group("db")
+def db_group() -> None:
+    """Manage the embedded PostgreSQL server."""
+
+
+def _server(opts: Options) -> EmbeddedServer:
+    return EmbeddedServer(opts.home)
+
+
+@db_group.command("start")
+@common_options
+def db_start(opts: Options) -> None:
+    """Start the embedded server (kept running until `db stop`) and install the schema."""
+    server = _server(opts)
+    info, started = server.ensure_running(persistent=True)
+    try:
+        with connect(info.dsn()) as conn:
+            migrate.install(conn)
+    finally:
+        server.release()
+    state = "started" if started else "already running"
+    emit(opts, {"state": state, "pid": info.pid, "uri": info.dsn(), "home": str(server.home)},
+         f"embedded PostgreSQL {state} (pid {info.pid}); schema at version {migrate.code_version()}\n"
+         f"uri: {info.dsn()}")
+
+
+@db_group.command("stop")
+@common_options
+def db_stop(opts: Options) -> None:
+    """Stop the embedded server."""
+    stopped = _server(opts).stop()
+    emit(opts, {"stopped": stopped}, "stopped" if stopped else "not running")
+
+
+@db_group.command("status")
+@common_options
+def db_status(opts: Options) -> None:
+    """Show whether the embedded server runs (exit code 3 when it does not)."""
+    server = _server(opts)
+    info = server.info()
+    value = {"running": info is not None, "home": str(server.home), "pid": info.pid if info else None,
+             "uri": info.dsn() if info else None}
+    emit(opts, value, f"running (pid {info.pid}) uri: {info.dsn()}" if info
+         else f"not running (home {server.home})")
+    if info is None:
+        sys.exit(3)
+
+
+@db_group.command("uri")
+@click.option("--database", "dbname", default="postgres", show_default=True)
+@common_options
+def db_uri(opts: Options, dbname: str) -> None:
+    """Print a libpq URI of the running embedded server (psql accepts it)."""
+    info = _server(opts).info()
+    if info is None:
+        raise RadixError("the embedded server is not running: start it with `radixjobs db start`")
+    emit(opts, {"uri": info.dsn(dbname)}, info.dsn(dbname))
+
+
+def main() -> None:
+    """Entry point: user errors are one line on stderr and a non-zero exit code, never a traceback."""
+    try:
+        cli.main(standalone_mode=False, prog_name="radixjobs")
+    except click.exceptions.Exit as exc:
+        sys.exit(exc.exit_code)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except click.Abort:
+        click.echo("radixjobs: aborted", err=True)
+        sys.exit(130)
+    except RadixError as exc:
+        click.echo(f"radixjobs: error: {exc}", err=True)
+        sys.exit(1)
+    except psycopg.Error as exc:
+        state = f" [{exc.sqlstate}]" if exc.sqlstate else ""
+        click.echo(f"radixjobs: error{state}: {first_line(exc)}", err=True)
+        sys.exit(1)
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
+# -- jobs --------------------------------------------------------------------------------------------
+@cli.group("jobs")
+def jobs_group() -> None:
+    """List and inspect jobs."""
+
+
+@jobs_group.command("list")
+@common_options
+def jobs_list(opts: Options) -> None:
+    """Jobs with schedule, principal, procedure, state and next planned time."""
+    from radixjobs import catalog
+
+    with database(opts) as conn:
+        jobs = catalog.list_jobs(conn)
+    emit(opts, jobs, output.render_records(jobs, catalog.LIST_COLUMNS))
+
+
+@jobs_group.command("show")
+@click.argument("name")
+@common_options
+def jobs_show(opts: Options, name: str) -> None:
+    """One job in full (NAME is schema.name)."""
+    from radixjobs import catalog
+
+    with database(opts) as conn:
+        job = catalog.get_job(conn, name)
+    if job is None:
+        raise RadixError(f"job {name} does not exist (or is not visible to this role)")
+    human = dict(job)
+    human["arguments"] = catalog.describe_arguments(job["arguments"])
+    emit(opts, job, output.render_mapping(human))
+
+
+@jobs_group.command("history")
+@click.argument("name")
+@click.option("--limit", default=20, show_default=True, type=click.IntRange(1, 256))
+@common_options
+def jobs_history(opts: Options, name: str, limit: int) -> None:
+    """The newest attempts of a job."""
+    from radixjobs import catalog
+
+    with database(opts) as conn:
+        if catalog.get_job(conn, name) is None:
+            raise RadixError(f"job {name} does not exist (or is not visible to this role)")
+        rows = catalog.job_history(conn, name, limit)
+    emit(opts, rows, output.render_records(rows, ["planned_at", "attempt", "status", "node", "started_at",
+                                                   "duration", "error"]))

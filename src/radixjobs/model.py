@@ -1,0 +1,153 @@
+"""Domain values shared by the parser, the catalog and the engine: frozen, no I/O."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any, Literal
+
+
+def quote_ident(name: str) -> str:
+    """Quote an identifier the way PostgreSQL's quote_ident does (only when needed)."""
+    if name and (name[0].isalpha() or name[0] == "_") and name.islower() and all(
+        c.isalnum() or c in "_$" for c in name
+    ) and name.isascii():
+        return name
+    return '"' + name.replace('"', '""') + '"'
+
+
+@dataclass(frozen=True)
+class QualifiedName:
+    """A schema-qualified object name, already case-folded per PostgreSQL rules."""
+
+    schema: str
+    name: str
+
+    def __str__(self) -> str:
+        return f"{quote_ident(self.schema)}.{quote_ident(self.name)}"
+
+
+@dataclass(frozen=True)
+class EverySchedule:
+    """Ticks on the grid anchor + k*interval; the anchor is STARTING AT or the (re-)enable time."""
+
+    interval_ns: int
+    starting_at_ns: int | None = None
+    kind: Literal["every"] = "every"
+
+
+@dataclass(frozen=True)
+class AtSchedule:
+    """One tick at a fixed UTC instant."""
+
+    at_ns: int
+    kind: Literal["at"] = "at"
+
+
+@dataclass(frozen=True)
+class CronSchedule:
+    """Ticks of a 5- or 6-field cron expression, in an IANA time zone."""
+
+    expression: str
+    time_zone: str = "UTC"
+    kind: Literal["cron"] = "cron"
+
+
+Schedule = EverySchedule | AtSchedule | CronSchedule
+
+
+ConstantKind = Literal["integer", "numeric", "string", "boolean", "null", "typed", "array"]
+
+
+@dataclass(frozen=True)
+class Constant:
+    """An immutable, catalog-serialisable argument constant as written in the DDL.
+
+    integer/numeric: ``value`` is the literal's text, sign included ("-5", "1.25e3").
+    string: ``value`` is the string's content (escapes resolved).
+    boolean: ``value`` is "true" or "false".  null: ``value`` is None.
+    typed: ``INTERVAL '1 day'``, ``'x'::date``, ``CAST(1 AS bigint)``: ``value`` is the inner
+    literal's text (None for a typed NULL) and ``type_name`` the type as written, folded.
+    array: ``ARRAY[...]`` of constants in ``elements``.
+    """
+
+    kind: ConstantKind
+    value: str | None = None
+    type_name: str | None = None
+    elements: tuple[Constant, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        """The structured form the database's admission function takes (never SQL text)."""
+        out: dict[str, Any] = {"kind": self.kind, "value": self.value}
+        if self.type_name is not None:
+            out["type"] = self.type_name
+        if self.kind == "array":
+            out["elements"] = [e.to_json() for e in self.elements]
+        return out
+
+
+@dataclass(frozen=True)
+class CallArgument:
+    """One argument of the CALL clause: positional when ``name`` is None."""
+
+    value: Constant
+    name: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, **self.value.to_json()}
+
+
+@dataclass(frozen=True)
+class CreateJob:
+    name: QualifiedName
+    schedule: Schedule
+    principal: str
+    procedure: QualifiedName
+    arguments: tuple[CallArgument, ...] = ()
+    enabled: bool = True
+    if_not_exists: bool = False
+
+
+@dataclass(frozen=True)
+class AlterJob:
+    name: QualifiedName
+    enabled: bool
+
+
+@dataclass(frozen=True)
+class DropJob:
+    name: QualifiedName
+    if_exists: bool = False
+    cascade: bool = False
+
+
+JobStatement = CreateJob | AlterJob | DropJob
+
+
+class JobStatus(enum.StrEnum):
+    SCHEDULED = "scheduled"
+    RUNNING = "running"
+    RETRY_WAIT = "retry_wait"
+    COMPLETE = "complete"
+    FAILED = "failed"
+    DISABLED = "disabled"
+
+
+@dataclass(frozen=True)
+class SourcePosition:
+    """1-based line and column of a token in the statement text."""
+
+    line: int
+    column: int
+
+    def __str__(self) -> str:
+        return f"line {self.line}, column {self.column}"
+
+
+@dataclass(frozen=True)
+class ScriptStatement:
+    """One statement cut from a script, with where it starts in the script."""
+
+    text: str
+    number: int
+    line: int

@@ -1,0 +1,71 @@
+"""Human tables and JSON for the CLI."""
+
+from __future__ import annotations
+
+import datetime as dt
+import decimal
+import json
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+
+def jsonable(value: Any) -> Any:
+    """A JSON-friendly form of a PostgreSQL value (exact: decimals become strings)."""
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    if isinstance(value, decimal.Decimal):
+        return int(value) if value == value.to_integral_value() and abs(value) < 2**63 else str(value)
+    if isinstance(value, dt.datetime | dt.date | dt.time):
+        return value.isoformat()
+    if isinstance(value, dt.timedelta):
+        return value.total_seconds()
+    if isinstance(value, uuid.UUID):
+        return str(value)
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [jsonable(v) for v in value]
+    if isinstance(value, bytes | bytearray | memoryview):
+        return "\\x" + bytes(value).hex()
+    return str(value)
+
+
+def to_json(value: Any) -> str:
+    return json.dumps(jsonable(value), indent=2, ensure_ascii=False)
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "t" if value else "f"
+    if isinstance(value, dict | list):
+        return json.dumps(jsonable(value), ensure_ascii=False)
+    return str(jsonable(value))
+
+
+def render_table(columns: Sequence[str], rows: Sequence[Sequence[Any]], *, footer: bool = True) -> str:
+    """An aligned table like psql's: header, rule, rows, and "(N rows)"."""
+    cells = [[_cell(v) for v in row] for row in rows]
+    widths = [max([len(c), *(len(r[i]) for r in cells)]) for i, c in enumerate(columns)]
+    lines = [" | ".join(c.center(w) for c, w in zip(columns, widths, strict=True)).rstrip(),
+             "-+-".join("-" * w for w in widths)]
+    for row in cells:
+        lines.append(" | ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip())
+    if footer:
+        lines.append(f"({len(rows)} row{'' if len(rows) == 1 else 's'})")
+    return "\n".join(lines)
+
+
+def render_records(records: Sequence[dict[str, Any]], columns: Sequence[str] | None = None) -> str:
+    """A table of dict rows (columns: the given ones, or the first record's keys)."""
+    if columns is None:
+        columns = list(records[0].keys()) if records else []
+    return render_table(columns, [[r.get(c) for c in columns] for r in records])
+
+
+def render_mapping(values: dict[str, Any]) -> str:
+    """Key/value lines for one object."""
+    width = max((len(k) for k in values), default=0)
+    return "\n".join(f"{k.ljust(width)} : {_cell(v)}" for k, v in values.items())

@@ -1,0 +1,102 @@
+"""One real PostgreSQL per test session, a template database with the schema, a fresh database per test.
+
+The server is the embedded one in a temporary directory, or ``RADIXJOBS_TEST_DSN`` when set (a superuser
+DSN of a disposable cluster: tests create databases and roles in it).
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from radixjobs import migrate
+from radixjobs.embedded import EmbeddedServer
+from tests.support import PgCluster
+
+
+@pytest.fixture(scope="session")
+def pg(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PgCluster]:
+    """The session's PostgreSQL cluster."""
+    dsn = os.environ.get("RADIXJOBS_TEST_DSN")
+    if dsn:
+        yield PgCluster(dsn, None)
+        return
+    home = Path(tmp_path_factory.mktemp("pg", numbered=True))
+    server = EmbeddedServer(home, settings={"fsync": "off", "synchronous_commit": "off",
+                                            "full_page_writes": "off"})
+    info, _ = server.ensure_running(persistent=True)
+    try:
+        yield PgCluster(info.dsn(), server)
+    finally:
+        server.release()
+        server.destroy()
+
+
+@pytest.fixture(scope="session")
+def template_db(pg: PgCluster) -> str:
+    """Name of a template database with the radix schema installed."""
+    name = f"radix_template_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(pg.dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    with psycopg.connect(pg.dsn_for(name), autocommit=True) as conn:
+        migrate.install(conn)
+    return name
+
+
+@pytest.fixture
+def db(pg: PgCluster, template_db: str) -> Iterator[str]:
+    """DSN of a fresh database cloned from the template, dropped after the test."""
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(pg.dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
+            sql.Identifier(name), sql.Identifier(template_db)))
+    try:
+        yield pg.dsn_for(name)
+    finally:
+        with psycopg.connect(pg.dsn, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+@pytest.fixture
+def empty_db(pg: PgCluster) -> Iterator[str]:
+    """DSN of a fresh database without the radix schema."""
+    name = f"e_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(pg.dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    try:
+        yield pg.dsn_for(name)
+    finally:
+        with psycopg.connect(pg.dsn, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+@pytest.fixture
+def conn(db: str) -> Iterator[psycopg.Connection[Any]]:
+    """A superuser autocommit connection to the test's database."""
+    with psycopg.connect(db, autocommit=True) as c:
+        yield c
+
+
+@pytest.fixture
+def roles(pg: PgCluster) -> Iterator[Any]:
+    """Make cluster roles with unique names; dropped after the test (after its database is gone)."""
+    made: list[str] = []
+
+    def make(prefix: str, options: str = "LOGIN") -> str:
+        name = f"{prefix}_{uuid.uuid4().hex[:6]}"
+        with psycopg.connect(pg.dsn, autocommit=True) as c:
+            c.execute(sql.SQL("CREATE ROLE {} " + options).format(sql.Identifier(name)))  # type: ignore[arg-type]
+        made.append(name)
+        return name
+
+    yield make
+    with psycopg.connect(pg.dsn, autocommit=True) as c:
+        for name in reversed(made):
+            c.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(name)))
