@@ -1,0 +1,452 @@
+"""Recursive-descent parser for CREATE / ALTER / DROP JOB (SPEC §1); raises only ParseError."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Literal, TypeVar
+
+from radixjobs import model
+from radixjobs import schedule as sched
+from radixjobs.ddl.tokens import Token, TokenKind, TokenStream
+from radixjobs.errors import ParseError, ScheduleError
+from radixjobs.model import CallArgument, Constant, JobStatement, QualifiedName, quote_ident
+
+T = TypeVar("T")
+MAX_NESTING = 64
+_CONSTANTS_ONLY = "arguments must be constants"
+
+
+def _words(text: str) -> frozenset[str]:
+    return frozenset(text.split())
+
+
+_SUBQUERY_WORDS = _words("select values with table exists")
+_VALUE_FUNCTIONS = "current_date current_time current_timestamp localtime localtimestamp current_user"
+_VALUE_FUNCTIONS += " current_role session_user user current_schema current_catalog system_user"
+_REJECTED_WORDS = dict.fromkeys(_SUBQUERY_WORDS, "sub-queries are not allowed as")
+_REJECTED_WORDS |= dict.fromkeys(_VALUE_FUNCTIONS.split(), "function calls are not allowed as")
+_REJECTED_WORDS |= {"not": "operators are not allowed in", "case": "CASE expressions are not allowed in"}
+_REJECTED_WORDS |= {"row": "row constructors are not allowed as"}
+_OPERATOR_WORDS = _words("and or not is isnull notnull in like ilike similar between collate at overlaps")
+_INTERVAL_FIELDS = _words("year month day hour minute second")
+_VARYING_TYPES = _words("character char nchar bit")
+_TYPE_STARTERS = ("double", "national", "character", "char", "nchar", "bit", "interval", "timestamp", "time")
+
+
+def parse_job_statement(text: str) -> JobStatement:
+    """Parse one job DDL statement; ParseError (with position and token) for anything else."""
+    return _Parser(text).statement()
+
+
+class _Parser(TokenStream):
+    def __init__(self, text: str) -> None:
+        super().__init__(text)
+        self.depth = 0
+
+    # ---------------------------------------------------------------------------------------- statements
+
+    def statement(self) -> JobStatement:
+        first = self.token
+        if first.is_keyword("create"):
+            return self.create_job()
+        if first.is_keyword("alter"):
+            self.advance()
+            self.expect("job", "JOB after ALTER")
+            name = self.qualified_name("job name", "schema.name")
+            enabled = self.enable_flag()
+            if enabled is None:
+                raise self.expected("ENABLE or DISABLE")
+            self.finish()
+            return model.AlterJob(name, enabled)
+        if first.is_keyword("drop"):
+            return self.drop_job()
+        if first.is_keyword("run") and self.peek().is_keyword("job"):
+            raise self.fail("RUN JOB is not supported in this version", first)
+        raise self.expected("CREATE JOB, ALTER JOB or DROP JOB")
+
+    def create_job(self) -> model.CreateJob:
+        self.advance()
+        if self.token.is_keyword("or"):
+            or_token = self.advance()
+            self.expect("replace", "REPLACE after OR")
+            self.expect("job", "JOB after CREATE OR REPLACE")
+            raise self.fail("CREATE OR REPLACE JOB is not supported in this version", or_token)
+        self.expect("job", "JOB after CREATE")
+        if_not_exists = self.if_clause("not", "exists")
+        name = self.qualified_name("job name", "schema.name")
+        schedule = self.schedule()
+        self.expect("run", "RUN AS")
+        self.expect("as", "AS after RUN")
+        principal = self.principal()
+        self.expect("call", "CALL")
+        procedure = self.qualified_name("procedure name", "schema.procedure")
+        arguments = self.arguments()
+        enabled = self.enable_flag()
+        self.finish(("ENABLE, DISABLE, " if enabled is None else "") + "';' or end of statement")
+        return model.CreateJob(name, schedule, principal, procedure, arguments, enabled is not False, if_not_exists)
+
+    def drop_job(self) -> model.DropJob:
+        self.advance()
+        self.expect("job", "JOB after DROP")
+        if_exists = self.if_clause("exists")
+        name = self.qualified_name("job name", "schema.name")
+        behaviour = self.accept("restrict", "cascade")
+        self.finish("RESTRICT, CASCADE, ';' or end of statement")
+        return model.DropJob(name, if_exists, behaviour is not None and behaviour.value == "cascade")
+
+    def if_clause(self, *words: str) -> bool:
+        """IF NOT EXISTS / IF EXISTS; an IF followed by '.' is a schema called "if"."""
+        if not self.token.is_keyword("if") or self.peek().is_punct("."):
+            return False
+        self.advance()
+        for word in words:
+            self.expect(word, " ".join(w.upper() for w in words) + " after IF")
+        return True
+
+    def enable_flag(self) -> bool | None:
+        flag = self.accept("enable", "disable")
+        return None if flag is None else flag.value == "enable"
+
+    def finish(self, what: str = "';' or end of statement") -> None:
+        if self.token.is_punct(";"):
+            self.advance()
+            if self.token.kind is not TokenKind.EOF:
+                found = self.token.describe()
+                raise self.fail(f"unexpected {found} after ';': only one statement is allowed")
+        elif self.token.kind is not TokenKind.EOF:
+            raise self.expected(what)
+
+    # ------------------------------------------------------------------------------------ names, schedule
+
+    def qualified_name(self, what: str, form: str) -> QualifiedName:
+        first = self.identifier(what)
+        parts = [first.value]
+        while self.token.is_punct("."):
+            self.advance()
+            parts.append(self.identifier(f"a name after '.' in the {what}").value)
+        if len(parts) == 1:
+            raise self.fail(f"{what} must be schema-qualified ({form})", first)
+        if len(parts) > 2:
+            raise self.fail(f"{what} has too many dotted parts: use {form}", first)
+        return QualifiedName(parts[0], parts[1])
+
+    def principal(self) -> str:
+        if self.token.is_keyword("call") and not self.peek().is_keyword("call"):
+            raise self.expected("a principal (role name) after RUN AS")
+        name = self.identifier("a principal (role name) after RUN AS")
+        if self.token.is_punct("."):
+            raise self.fail("the principal is a role name and cannot be schema-qualified", name)
+        return name.value
+
+    def schedule(self) -> model.Schedule:
+        self.expect("schedule", "SCHEDULE")
+        if self.accept("every"):
+            self.expect("interval", "INTERVAL after EVERY")
+            interval = self.convert(sched.parse_interval, self.string_literal("an interval string"))
+            starting_at = None
+            if self.accept("starting"):
+                self.expect("at", "AT after STARTING")
+                starting_at = self.timestamp()
+            return model.EverySchedule(interval, starting_at)
+        if self.accept("at"):
+            return model.AtSchedule(self.timestamp())
+        if self.accept("cron"):
+            expression = self.string_literal("a cron expression string")
+            zone = "UTC"
+            if self.accept("time"):
+                self.expect("zone", "ZONE after TIME")
+                zone_token = self.string_literal("a time zone name string")
+                zone = zone_token.value
+                self.convert(sched.load_time_zone, zone_token)
+            self.convert(lambda text: sched.validate_cron(text, zone), expression)
+            return model.CronSchedule(expression.value, zone)
+        raise self.expected("EVERY, AT or CRON after SCHEDULE")
+
+    def timestamp(self) -> int:
+        self.expect("timestamp", "TIMESTAMP")
+        return self.convert(sched.parse_timestamp, self.string_literal("a timestamp string"))
+
+    def convert(self, parse: Callable[[str], T], literal: Token) -> T:
+        """Apply a schedule parser to a literal; its ScheduleError becomes a ParseError at the literal."""
+        try:
+            return parse(literal.value)
+        except ScheduleError as exc:
+            raise self.fail(str(exc), literal) from None
+
+    # ---------------------------------------------------------------------------------------- arguments
+
+    def arguments(self) -> tuple[CallArgument, ...]:
+        self.expect_punct("(", "'(' after the procedure name")
+        arguments: list[CallArgument] = []
+        if self.token.is_punct(")"):
+            self.advance()
+            return ()
+        while True:
+            arguments.append(self.argument(arguments))
+            if self.token.is_punct(","):
+                self.advance()
+            elif self.token.is_punct(")"):
+                self.advance()
+                return tuple(arguments)
+            else:
+                raise self.after_value("',' or ')' after an argument")
+
+    def argument(self, previous: list[CallArgument]) -> CallArgument:
+        start = self.token
+        if start.kind in (TokenKind.IDENT, TokenKind.QUOTED_IDENT) and self.peek().is_punct("=>"):
+            if any(arg.name == start.value for arg in previous):
+                raise self.fail(f"argument name '{start.value}' is used more than once", start)
+            self.advance()
+            self.advance()
+            return CallArgument(self.constant(), start.value)
+        if previous and previous[-1].name is not None:
+            raise self.fail("positional argument cannot follow named argument", start)
+        return CallArgument(self.constant())
+
+    def after_value(self, what: str) -> ParseError:
+        token = self.token
+        if token.kind is TokenKind.OPERATOR or token.is_keyword(*_OPERATOR_WORDS):
+            return self.fail(f"operators are not allowed in job arguments: {_CONSTANTS_ONLY}")
+        if token.is_punct("["):
+            return self.fail(f"subscripts are not allowed in job arguments: {_CONSTANTS_ONLY}")
+        return self.expected(what)
+
+    def constant(self) -> Constant:
+        """A constant, then any number of ``::type`` casts (outermost type, innermost literal kept)."""
+        self.nest()
+        value = self.operand()
+        while self.token.is_punct("::"):
+            self.advance()
+            value = _cast(value, self.type_name())
+        self.depth -= 1
+        return value
+
+    def nest(self) -> None:
+        self.depth += 1
+        if self.depth > MAX_NESTING:
+            raise self.fail(f"argument nested too deeply (more than {MAX_NESTING} levels)")
+
+    def operand(self) -> Constant:
+        token = self.token
+        if token.is_punct("-", "+"):
+            return self.signed_number()
+        if token.kind is TokenKind.NUMBER:
+            self.advance()
+            return Constant(_number_kind(token.text), token.text)
+        if token.kind is TokenKind.STRING:
+            self.advance()
+            return Constant("string", token.value)
+        if token.kind is TokenKind.PARAM:
+            raise self.fail(f"parameters ({token.text}) are not allowed as job arguments: {_CONSTANTS_ONLY}")
+        if token.is_punct("("):
+            return self.parenthesised()
+        if token.kind is TokenKind.IDENT:
+            return self.keyword_operand(token)
+        if token.kind is TokenKind.QUOTED_IDENT:
+            return self.typed_literal()
+        raise self.expected("an argument value")
+
+    def signed_number(self) -> Constant:
+        # PostgreSQL binds '::' tighter than unary minus, so -5::int is -(5::int); we keep the sign with
+        # the literal instead (typed value "-5", type "int"): the same value for every numeric type.
+        sign = self.advance()
+        number = self.token
+        if number.kind is not TokenKind.NUMBER:
+            word = "minus" if sign.text == "-" else "plus"
+            raise self.fail(f"unary {word} applies only to numeric literals: {_CONSTANTS_ONLY}", sign)
+        self.advance()
+        return Constant(_number_kind(number.text), ("-" if sign.text == "-" else "") + number.text)
+
+    def parenthesised(self) -> Constant:
+        self.advance()
+        if self.token.is_keyword(*_SUBQUERY_WORDS):
+            raise self.fail(f"sub-queries are not allowed as job arguments: {_CONSTANTS_ONLY}")
+        value = self.constant()
+        if self.token.is_punct(","):
+            raise self.fail(f"row constructors are not allowed as job arguments: {_CONSTANTS_ONLY}")
+        if not self.token.is_punct(")"):
+            raise self.after_value("')'")
+        self.advance()
+        return value
+
+    def keyword_operand(self, token: Token) -> Constant:
+        word = token.value
+        if word in ("true", "false", "null"):
+            self.advance()
+            return Constant("null") if word == "null" else Constant("boolean", word)
+        if word == "array":
+            return self.array_constructor()
+        if word == "cast":
+            return self.cast_expression()
+        if word == "default":
+            raise self.fail("DEFAULT is not allowed as a job argument: omit the argument to use its default")
+        rejected = _REJECTED_WORDS.get(word)
+        if rejected is not None:
+            raise self.fail(f"{rejected} job arguments: {_CONSTANTS_ONLY}")
+        return self.typed_literal()
+
+    def typed_literal(self) -> Constant:
+        """``typename 'literal'``; a name followed by anything else is a column reference or a call."""
+        start, saved = self.token, self.index
+        try:
+            type_name = self.type_name(allow_array=False)
+            literal = self.string_literal(f"a string literal after type name '{type_name}'")
+        except ParseError:
+            if start.is_keyword(*_TYPE_STARTERS):
+                raise  # double precision, timestamp with time zone…: the type parser's message is precise
+            self.index = saved
+            raise self.not_a_constant() from None
+        if type_name == "interval":
+            type_name += self.interval_fields()
+        return Constant("typed", literal.value, type_name)
+
+    def not_a_constant(self) -> ParseError:
+        """The error for a (dotted) name that does not start a typed literal."""
+        after = self.index + 1
+        while self.tokens[after].is_punct(".") and self.tokens[after + 1].kind is not TokenKind.EOF:
+            after += 2
+        if self.tokens[after].is_punct("("):
+            return self.fail(f"function calls are not allowed as job arguments: {_CONSTANTS_ONLY}")
+        return self.fail(
+            f"column references are not allowed as job arguments: {_CONSTANTS_ONLY} "
+            "(write text as a quoted string, 'like this')"
+        )
+
+    def array_constructor(self) -> Constant:
+        array = self.advance()
+        if self.token.is_punct("("):
+            raise self.fail(f"sub-queries are not allowed as job arguments: {_CONSTANTS_ONLY}")
+        self.expect_punct("[", "'[' after ARRAY")
+        elements = self.array_elements()
+        if not elements and not self.token.is_punct("::"):
+            raise self.fail("cannot determine the type of an empty array: write ARRAY[]::type[]", array)
+        return Constant("array", elements=elements)
+
+    def array_elements(self) -> tuple[Constant, ...]:
+        """Elements up to and including the closing ']'; a bare '[' opens a nested array."""
+        elements: list[Constant] = []
+        while not self.token.is_punct("]"):
+            if elements:
+                if not self.token.is_punct(","):
+                    raise self.after_value("',' or ']' in ARRAY[...]")
+                self.advance()
+            if self.token.is_punct("["):
+                self.nest()
+                self.advance()
+                elements.append(Constant("array", elements=self.array_elements()))
+                self.depth -= 1
+            else:
+                elements.append(self.constant())
+        self.advance()
+        return tuple(elements)
+
+    def cast_expression(self) -> Constant:
+        self.advance()
+        self.expect_punct("(", "'(' after CAST")
+        value = self.constant()
+        if not self.token.is_keyword("as"):
+            raise self.after_value("AS in CAST(... AS type)")
+        self.advance()
+        value = _cast(value, self.type_name())
+        self.expect_punct(")", "')' to close CAST(")
+        return value
+
+    # ---------------------------------------------------------------------------------------- type names
+
+    def type_name(self, allow_array: bool = True) -> str:
+        """A type name in normalised text: folded, single-spaced, quoted parts re-quoted."""
+        first = self.identifier("a type name")
+        parts = [_render(first)]
+        while self.token.is_punct("."):
+            self.advance()
+            parts.append(_render(self.identifier("a type name after '.'")))
+        name = ".".join(parts)
+        if len(parts) == 1 and first.kind is TokenKind.IDENT:
+            name = self.keyword_type(name)
+        name += self.modifiers()
+        if parts in (["timestamp"], ["time"]) and first.kind is TokenKind.IDENT:
+            name += self.time_zone_suffix()
+        return name + self.array_suffix() if allow_array else name
+
+    def time_zone_suffix(self) -> str:
+        zone = self.accept("with", "without")
+        if zone is None:
+            return ""
+        self.expect("time", f"TIME after {zone.text.upper()}")
+        self.expect("zone", "ZONE after TIME")
+        return f" {zone.value} time zone"
+
+    def keyword_type(self, name: str) -> str:
+        """The multi-word spellings PostgreSQL's grammar knows (double precision, character varying…)."""
+        if name == "double" and self.accept("precision"):
+            return "double precision"
+        if name == "national" and self.token.is_keyword("character", "char"):
+            name += " " + self.advance().value
+            return name + (" varying" if self.accept("varying") else "")
+        if name in _VARYING_TYPES and self.accept("varying"):
+            return name + " varying"
+        if name == "interval":
+            return name + self.interval_fields()
+        return name
+
+    def interval_fields(self) -> str:
+        if not self.token.is_keyword(*_INTERVAL_FIELDS):
+            return ""
+        fields = " " + self.advance().value
+        if self.accept("to"):
+            if not self.token.is_keyword(*_INTERVAL_FIELDS):
+                raise self.expected("an interval field (YEAR … SECOND) after TO")
+            fields += " to " + self.advance().value
+        return fields
+
+    def modifiers(self) -> str:
+        if not self.token.is_punct("("):
+            return ""
+        self.advance()
+        values: list[str] = []
+        while True:
+            sign = ""
+            if self.token.is_punct("-"):
+                sign = self.advance().text
+            if self.token.kind is not TokenKind.NUMBER or not self.token.text.isdigit():
+                raise self.expected("an integer type modifier")
+            values.append(sign + self.advance().text)
+            if not self.token.is_punct(","):
+                break
+            self.advance()
+        self.expect_punct(")", "')' after the type modifiers")
+        return "(" + ",".join(values) + ")"
+
+    def array_suffix(self) -> str:
+        suffix = ""
+        if self.accept("array"):
+            suffix = "[]"
+            if self.token.is_punct("["):
+                self.bracket_bound()
+        while self.token.is_punct("["):
+            self.bracket_bound()
+            suffix += "[]"
+        return suffix
+
+    def bracket_bound(self) -> None:
+        """``[]`` or ``[n]``: PostgreSQL ignores array bounds in type names, and so do we."""
+        self.advance()
+        if self.token.kind is TokenKind.NUMBER and self.token.text.isdigit():
+            self.advance()
+        self.expect_punct("]", "']' in the array type")
+
+
+def _render(token: Token) -> str:
+    return token.value if token.kind is TokenKind.IDENT else quote_ident(token.value)
+
+
+def _number_kind(text: str) -> Literal["integer", "numeric"]:
+    return "integer" if text.isdigit() else "numeric"
+
+
+def _cast(value: Constant, type_name: str) -> Constant:
+    """``value::type_name``: arrays keep their elements; everything else becomes a typed literal."""
+    if value.kind == "array":
+        return replace(value, type_name=type_name)
+    return Constant("typed", value.value, type_name)
