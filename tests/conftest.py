@@ -51,8 +51,8 @@ def template_db(pg: PgCluster) -> str:
 
 
 @pytest.fixture
-def db(pg: PgCluster, template_db: str) -> Iterator[str]:
-    """DSN of a fresh database cloned from the template, dropped after the test."""
+def db(pg: PgCluster, template_db: str, roles: Any) -> Iterator[str]:
+    """DSN of a fresh database cloned from the template, dropped after the test (before its roles)."""
     name = f"t_{uuid.uuid4().hex[:12]}"
     with psycopg.connect(pg.dsn, autocommit=True) as conn:
         conn.execute(sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(

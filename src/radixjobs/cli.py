@@ -254,3 +254,35 @@ def jobs_history(opts: Options, name: str, limit: int) -> None:
         rows = catalog.job_history(conn, name, limit)
     emit(opts, rows, output.render_records(rows, ["planned_at", "attempt", "status", "node", "started_at",
                                                    "duration", "error"]))
+
+
+# -- run ---------------------------------------------------------------------------------------------
+@cli.command("run")
+@click.option("--once", "once", is_flag=True, help="Run what is due now, then exit.")
+@click.option("--for", "seconds", type=click.FloatRange(min=0), default=None, metavar="SECONDS",
+              help="Run due work as it comes due for SECONDS, then exit.")
+@click.option("--node-id", default=None, help="This node's id (default host:pid).")
+@click.option("--concurrency", default=8, show_default=True, type=click.IntRange(1, 256),
+              help="Attempts run at the same time.")
+@common_options
+def run_command(opts: Options, once: bool, seconds: float | None, node_id: str | None, concurrency: int) -> None:
+    """Run due jobs of one database in the foreground (the daemon is `serve`)."""
+    import asyncio
+
+    from radixjobs.engine import Engine
+
+    if once == (seconds is not None):
+        raise click.UsageError("give exactly one of --once or --for SECONDS")
+
+    async def go(dsn: str) -> dict[str, Any]:
+        async with Engine(dsn, node_id=node_id, concurrency=concurrency) as engine:
+            ran = await engine.run_due() if once else await engine.run_for(seconds or 0.0)
+            return {"attempts": ran, "node": engine.node_id, "counters": dict(engine.counters),
+                    "last_error": engine.last_error}
+
+    with open_target(opts.dsn, opts.home) as target:
+        with connect(target.dsn) as conn:
+            _ensure_schema(conn, target)
+        result = asyncio.run(go(target.dsn))
+    counters = ", ".join(f"{k}={v}" for k, v in sorted(result["counters"].items())) or "none"
+    emit(opts, result, f"ran {result['attempts']} attempt(s) on node {result['node']}; counters: {counters}")

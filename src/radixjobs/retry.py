@@ -154,6 +154,7 @@ _CONNECT_SECURITY_MESSAGES: Final[tuple[tuple[re.Pattern[str], str], ...]] = (
     (re.compile(r"authentication", re.IGNORECASE), "authentication_failed"),
     (re.compile(r"pg_hba\.conf", re.IGNORECASE), "authentication_failed"),
     (re.compile(r"not permitted to log in", re.IGNORECASE), "login_not_permitted"),
+    (re.compile(r"permission denied for database", re.IGNORECASE), "connect_privilege"),
 )
 _ROLE_WORD = re.compile(r"\brole\b", re.IGNORECASE)
 _DOES_NOT_EXIST = "does not exist"

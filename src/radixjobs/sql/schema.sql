@@ -14,6 +14,12 @@ GRANT USAGE ON SCHEMA radix TO PUBLIC;
 -- Admission lives here so that every client passes through it: the CLI and Python API call the same
 -- functions a SQL user calls. Catalog tables are written only by SECURITY DEFINER functions; ordinary
 -- roles read their own jobs through radix.job_overview.
+--
+-- Resolving the CALL and converting its constants evaluate expressions, and those may run the creator's
+-- own code (domain CHECKs, casts, input functions of the creator's types). So that part runs with the
+-- caller's rights, in the SECURITY INVOKER entry point radix.create_job; the definer side re-checks who
+-- may act as whom and stores only a binding it has validated against the catalog. A caller that skips
+-- the entry point can only store a job that fails when its own principal runs it.
 
 CREATE TABLE radix.jobs (
     job_id             uuid PRIMARY KEY DEFAULT gen_random_uuid(),
@@ -186,8 +192,15 @@ BEGIN
     WHEN 'array' THEN
         SELECT string_agg(radix._constant_sql(e), ', ' ORDER BY n) INTO elements
         FROM jsonb_array_elements(coalesce(c->'elements', '[]')) WITH ORDINALITY AS x(e, n);
+        IF c->>'type' IS NOT NULL THEN  -- ARRAY[...]::type[]: the cast decides the overload, as in CALL
+            typ := to_regtype(c->>'type');
+            IF typ IS NULL THEN
+                RAISE EXCEPTION 'type % does not exist', quote_literal(c->>'type') USING ERRCODE = '42704';
+            END IF;
+            RETURN format('CAST(ARRAY[%s] AS %s)', coalesce(elements, ''), format_type(typ, NULL));
+        END IF;
         IF elements IS NULL THEN
-            RAISE EXCEPTION 'an empty ARRAY[] needs a type: write ''{}''::type[]' USING ERRCODE = '42P18';
+            RAISE EXCEPTION 'an empty ARRAY[] needs a type: write ARRAY[]::type[]' USING ERRCODE = '42P18';
         END IF;
         RETURN 'ARRAY[' || elements || ']';
     ELSE
@@ -217,18 +230,41 @@ RETURN CASE jsonb_typeof(coalesce(args, '[]'))
         FROM jsonb_each(args))
     ELSE NULL END;
 
+-- Clone every routine named proc_schema.proc_name (procedures and functions alike: CALL considers them
+-- all, then refuses a function) as a pg_temp function with the parameter list CALL matches against
+-- (OUT parameters become inputs, as CALL takes arguments for them; defaults kept as DEFAULT NULL),
+-- returning the routine's OID. The probes are made by the catalog's owner, so a creator needs no TEMP
+-- privilege; their bodies only return a constant, and the caller rolls them back. Their name is random,
+-- so that no function the session created itself can be picked instead.
+CREATE FUNCTION radix._create_probes(proc_schema text, proc_name text) RETURNS text
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    probe text := 'radix_call_probe_' || md5(gen_random_uuid()::text);
+    cand record;
+BEGIN
+    FOR cand IN
+        SELECT p.oid FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+        WHERE n.nspname = proc_schema AND p.proname = proc_name
+    LOOP
+        EXECUTE format('CREATE FUNCTION pg_temp.%I(%s) RETURNS oid LANGUAGE sql AS %L',
+                       probe, radix._probe_parameters(cand.oid), format('SELECT %s::oid', cand.oid));
+    END LOOP;
+    RETURN probe;
+END $$;
+
 -- Resolve schema.proc(args) exactly as CALL would, and convert every given constant to its parameter's
--- declared type now. Each candidate procedure is cloned as a pg_temp function with the same parameter
--- list (OUT parameters become inputs, as CALL takes arguments for them; defaults kept as DEFAULT NULL),
--- returning its own OID; PostgreSQL's own resolution then picks the overload, or raises 42725/42883.
+-- declared type now. PostgreSQL's own resolution picks among the probes (radix._create_probes), or
+-- raises 42725/42883. SECURITY INVOKER, and called from the invoker entry point: the conversions may
+-- run the caller's code (casts, domain checks), which must run with the caller's rights.
 CREATE FUNCTION radix._resolve_call(proc_schema text, proc_name text, args jsonb) RETURNS jsonb
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    cand record;
-    params text;
     call_args text;
+    probe text;
     chosen oid;
     result jsonb;
 BEGIN
@@ -252,15 +288,12 @@ BEGIN
       INTO call_args FROM jsonb_array_elements(args) WITH ORDINALITY AS x(a, n);
 
     BEGIN
-        FOR cand IN
-            SELECT p.oid FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
-            WHERE n.nspname = proc_schema AND p.proname = proc_name AND p.prokind = 'p'
-        LOOP
-            params := radix._probe_parameters(cand.oid);
-            EXECUTE format('CREATE FUNCTION pg_temp.radix_call_probe(%s) RETURNS oid LANGUAGE sql AS %L',
-                           params, format('SELECT %s::oid', cand.oid));
-        END LOOP;
-        EXECUTE format('SELECT pg_temp.radix_call_probe(%s)', coalesce(call_args, '')) INTO chosen;
+        probe := radix._create_probes(proc_schema, proc_name);
+        EXECUTE format('SELECT pg_temp.%I(%s)', probe, coalesce(call_args, '')) INTO chosen;
+        IF (SELECT prokind FROM pg_proc WHERE oid = chosen) <> 'p' THEN
+            RAISE EXCEPTION '% is not a procedure', chosen::regprocedure USING ERRCODE = '42809',
+                HINT = 'CALL picks this function for these arguments; a job CALLs a procedure.';
+        END IF;
         result := radix._bind_arguments(chosen, args);
         -- undo the probes (and anything else) by failing this block on purpose
         RAISE EXCEPTION USING ERRCODE = 'RXOK0', MESSAGE = result::text;
@@ -320,8 +353,27 @@ RETURN (
         || CASE WHEN has_default THEN ' DEFAULT NULL' ELSE '' END, ', ' ORDER BY ord), '')
     FROM radix._procedure_parameters(proc));
 
+-- A value's text in one fixed format, whatever the session prints with: ISO dates, postgres-style
+-- intervals, shortest exact floats, time stamps in UTC, hex bytea. The argument was read with the
+-- caller's settings, as CALL reads it; only the printing is fixed, so the engine's session, with its
+-- own settings, reads back the same value.
+CREATE FUNCTION radix._canonical_text(v anyelement) RETURNS text
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+SET DateStyle = 'ISO, YMD'
+SET IntervalStyle = 'postgres'
+SET extra_float_digits = 1
+SET TimeZone = 'UTC'
+SET bytea_output = 'hex'
+AS $$
+BEGIN
+    RETURN v::text;
+END $$;
+
 -- Bind the given constants to the parameters of the chosen overload and convert each to the declared
 -- type (checked conversion, as the CALL at run time will do). Returns the definition's arguments.
+-- Positional arguments from a VARIADIC parameter's position on are its elements, one argument each
+-- (stored with the element type and the parameter's position, as CALL p(1, 2, 3) passes them).
 CREATE FUNCTION radix._bind_arguments(proc oid, args jsonb) RETURNS jsonb
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
@@ -336,19 +388,27 @@ DECLARE
 BEGIN
     FOR a IN SELECT e, n::integer AS n FROM jsonb_array_elements(args) WITH ORDINALITY AS x(e, n) LOOP
         IF a.e->>'name' IS NULL THEN
-            SELECT * INTO param FROM radix._procedure_parameters(proc) ORDER BY ord OFFSET a.n - 1 LIMIT 1;
+            SELECT * INTO param
+            FROM (SELECT p.*, row_number() OVER (ORDER BY p.ord) AS k
+                  FROM radix._procedure_parameters(proc) p) q
+            WHERE q.k = a.n OR (q.mode = 'v' AND q.k < a.n) ORDER BY q.k DESC LIMIT 1;
         ELSE
             SELECT * INTO param FROM radix._procedure_parameters(proc) WHERE argname = a.e->>'name';
         END IF;
         expr := radix._constant_sql(a.e);
         target_type := param.argtype;
+        IF param.mode = 'v' AND a.e->>'name' IS NULL THEN
+            target_type := coalesce(nullif((SELECT typelem FROM pg_type WHERE oid = target_type), 0),
+                                    target_type);
+        END IF;
         IF (SELECT typtype = 'p' FROM pg_type WHERE oid = target_type) THEN
             -- polymorphic parameter: the constant keeps its own type (unknown literals become text)
             EXECUTE format('SELECT pg_typeof(%s)::oid', expr) INTO target_type;
             IF target_type = 'unknown'::regtype THEN target_type := 'text'::regtype; END IF;
         END IF;
         BEGIN
-            EXECUTE format('SELECT (%s)::%s::text', expr, format_type(target_type, NULL)) INTO converted;
+            EXECUTE format('SELECT radix._canonical_text((%s)::%s)', expr, format_type(target_type, NULL))
+                INTO converted;
         EXCEPTION WHEN data_exception OR invalid_text_representation OR cannot_coerce
                        OR datatype_mismatch OR invalid_datetime_format THEN
             RAISE EXCEPTION 'argument % (%): %', a.n,
@@ -362,6 +422,53 @@ BEGIN
     END LOOP;
     RETURN jsonb_build_object('procedure_oid', proc, 'signature', proc::regprocedure::text,
                               'arguments', bound);
+END $$;
+
+-- The definer side's check of a binding made by radix._resolve_call on the caller's side: the
+-- procedure is proc_schema.proc_name, every argument names one of its parameters with that parameter's
+-- type (any real type for polymorphic and VARIADIC ones), and values are text or NULL. Type names and
+-- parameter names are taken from the catalog, never from the binding.
+CREATE FUNCTION radix._check_binding(proc_schema text, proc_name text, binding jsonb) RETURNS jsonb
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    proc oid;
+    a jsonb;
+    param record;
+    typ oid;
+    checked jsonb := '[]';
+BEGIN
+    IF jsonb_typeof(binding) = 'object' AND jsonb_typeof(binding->'arguments') = 'array'
+       AND jsonb_typeof(binding->'procedure_oid') IN ('number', 'string') THEN
+        SELECT p.oid INTO proc FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+        WHERE p.oid = (binding->>'procedure_oid')::oid AND p.prokind = 'p'
+          AND n.nspname = proc_schema AND p.proname = proc_name;
+    END IF;
+    IF proc IS NULL THEN
+        RAISE EXCEPTION 'invalid argument binding for procedure %.%', quote_ident(proc_schema),
+            quote_ident(proc_name) USING ERRCODE = '22023';
+    END IF;
+    FOR a IN SELECT e FROM jsonb_array_elements(binding->'arguments') AS x(e) LOOP
+        param := NULL;
+        typ := NULL;
+        IF jsonb_typeof(a->'position') = 'number' AND jsonb_typeof(a->'type_oid') IN ('number', 'string')
+           AND coalesce(jsonb_typeof(a->'value'), 'null') IN ('string', 'null') THEN
+            SELECT * INTO param FROM radix._procedure_parameters(proc) WHERE ord = (a->>'position')::integer;
+            SELECT t.oid INTO typ FROM pg_type t WHERE t.oid = (a->>'type_oid')::oid AND t.typtype <> 'p';
+        END IF;
+        IF param.ord IS NULL OR typ IS NULL
+           OR NOT (typ = param.argtype OR param.mode = 'v'
+                   OR (SELECT typtype = 'p' FROM pg_type WHERE oid = param.argtype)) THEN
+            RAISE EXCEPTION 'invalid argument binding for procedure %.%', quote_ident(proc_schema),
+                quote_ident(proc_name) USING ERRCODE = '22023';
+        END IF;
+        checked := checked || jsonb_build_object(
+            'position', param.ord, 'name', param.argname, 'by_name', coalesce(a->'by_name' = 'true', false),
+            'type', format_type(typ, NULL), 'type_oid', typ, 'value', a->>'value');
+    END LOOP;
+    RETURN jsonb_build_object('procedure_oid', proc, 'signature', proc::regprocedure::text,
+                              'arguments', checked);
 END $$;
 
 -- Validate a schedule given as JSON and return it normalised to nanoseconds:
@@ -444,15 +551,22 @@ BEGIN
     ELSIF j.schedule_kind = 'at' THEN
         planned := j.at_ns;  -- already past: due at once
     END IF;
-    INSERT INTO radix.radix_system_job_state AS s
-        (job_id, definition_version, status, anchor_ns, planned_ns, due_ns, attempt)
-    VALUES (j.job_id, j.definition_version, CASE WHEN j.enabled THEN 'scheduled' ELSE 'disabled' END,
-            anchor, planned, CASE WHEN j.enabled THEN coalesce(planned, now_ns) END, 0)
-    ON CONFLICT (job_id) DO UPDATE SET
-        definition_version = excluded.definition_version, status = excluded.status,
-        anchor_ns = excluded.anchor_ns, planned_ns = excluded.planned_ns, due_ns = excluded.due_ns,
+    -- a plain UPDATE (NO KEY UPDATE lock) does not wait for a running attempt's KEY SHARE lock;
+    -- that attempt then finds its lease gone and rolls back
+    UPDATE radix.radix_system_job_state SET
+        definition_version = j.definition_version,
+        status = CASE WHEN j.enabled THEN 'scheduled' ELSE 'disabled' END,
+        anchor_ns = anchor, planned_ns = planned,
+        due_ns = CASE WHEN j.enabled THEN coalesce(planned, now_ns) END,
         attempt = 0, idempotency_key = NULL, lease_node = NULL, lease_token = NULL,
-        lease_expires_at = NULL, last_error = NULL, updated_at = clock_timestamp();
+        lease_expires_at = NULL, last_error = NULL, updated_at = clock_timestamp()
+    WHERE job_id = j.job_id;
+    IF NOT FOUND THEN
+        INSERT INTO radix.radix_system_job_state
+            (job_id, definition_version, status, anchor_ns, planned_ns, due_ns, attempt)
+        VALUES (j.job_id, j.definition_version, CASE WHEN j.enabled THEN 'scheduled' ELSE 'disabled' END,
+                anchor, planned, CASE WHEN j.enabled THEN coalesce(planned, now_ns) END, 0);
+    END IF;
     PERFORM pg_notify('radix_jobs', j.job_id::text);
 END $$;
 
@@ -465,7 +579,8 @@ DECLARE
     parts text[] := radix._split_qualified(qualified, 'job');
     j radix.jobs;
 BEGIN
-    SELECT * INTO j FROM radix.jobs WHERE schema_name = parts[1] AND job_name = parts[2] FOR UPDATE;
+    -- NO KEY UPDATE: does not wait for the KEY SHARE lock a running attempt's frame holds (its FK)
+    SELECT * INTO j FROM radix.jobs WHERE schema_name = parts[1] AND job_name = parts[2] FOR NO KEY UPDATE;
     RETURN j;
 END $$;
 
@@ -481,40 +596,32 @@ BEGIN
     END IF;
 END $$;
 
--- CREATE JOB. `creator` is checked by radix._caller; see radix.create_job for the public entry point.
-CREATE FUNCTION radix._create_job(creator name, job text, schedule jsonb, run_as text, procedure text,
-                                  arguments jsonb, enabled boolean, if_not_exists boolean,
-                                  deadline_ms integer)
+-- What CREATE JOB checks before it looks at the CALL: the job's schema exists and the caller may create
+-- in it, the name is free, the principal exists, the caller may act as it, and it can log in. Returns
+-- the existing job's id when IF NOT EXISTS finds one (NULL otherwise); raises on any failure.
+CREATE FUNCTION radix._check_admission(caller oid, job_parts text[], run_as text, if_not_exists boolean)
 RETURNS uuid
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    caller oid := radix._caller(creator);
-    job_parts text[] := radix._split_qualified(job, 'job');
-    proc_parts text[] := radix._split_qualified(procedure, 'procedure');
+    job_schema oid := (SELECT oid FROM pg_namespace WHERE nspname = job_parts[1]);
     principal pg_roles;
-    sched jsonb;
-    args jsonb := radix._normalise_arguments(arguments);
-    bound jsonb;
-    j radix.jobs;
+    existing uuid;
 BEGIN
-    IF args IS NULL THEN
-        RAISE EXCEPTION 'arguments must be a JSON array or object' USING ERRCODE = '22023';
-    END IF;
-    IF NOT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = job_parts[1]) THEN
+    IF job_schema IS NULL THEN
         RAISE EXCEPTION 'schema % does not exist', quote_ident(job_parts[1]) USING ERRCODE = '3F000';
     END IF;
-    IF NOT has_schema_privilege(caller, quote_ident(job_parts[1]), 'CREATE') THEN
+    IF NOT has_schema_privilege(caller, job_schema, 'CREATE') THEN
         RAISE EXCEPTION 'permission denied for schema %', quote_ident(job_parts[1]) USING ERRCODE = '42501',
             HINT = 'Creating a job needs the CREATE privilege on its schema.';
     END IF;
     PERFORM pg_advisory_xact_lock(hashtext('radix.job:' || job_parts[1] || '.' || job_parts[2]));
-    SELECT * INTO j FROM radix.jobs WHERE schema_name = job_parts[1] AND job_name = job_parts[2];
+    SELECT job_id INTO existing FROM radix.jobs WHERE schema_name = job_parts[1] AND job_name = job_parts[2];
     IF FOUND THEN
         IF if_not_exists THEN
             RAISE NOTICE 'job %.% already exists, skipping', quote_ident(job_parts[1]), quote_ident(job_parts[2]);
-            RETURN j.job_id;
+            RETURN existing;
         END IF;
         RAISE EXCEPTION 'job %.% already exists', quote_ident(job_parts[1]), quote_ident(job_parts[2])
             USING ERRCODE = '42710';
@@ -538,8 +645,41 @@ BEGIN
             HINT = format('Jobs run on a connection logged in as their principal: ALTER ROLE %s LOGIN.',
                           quote_ident(run_as));
     END IF;
+    RETURN NULL;
+END $$;
 
-    bound := radix._resolve_call(proc_parts[1], proc_parts[2], args);
+-- The admission checks alone, for the entry point to run before it resolves the CALL.
+CREATE FUNCTION radix._admit(creator name, job text, run_as text, if_not_exists boolean) RETURNS uuid
+LANGUAGE sql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+RETURN radix._check_admission(radix._caller(creator), radix._split_qualified(job, 'job'), run_as,
+                              if_not_exists);
+
+-- CREATE JOB. `creator` is checked by radix._caller, the rest by radix._check_admission again, and
+-- `binding` (radix._resolve_call's result, made on the caller's side) by radix._check_binding; see
+-- radix.create_job for the public entry point.
+CREATE FUNCTION radix._create_job(creator name, job text, schedule jsonb, run_as text, procedure text,
+                                  binding jsonb, enabled boolean, if_not_exists boolean,
+                                  deadline_ms integer)
+RETURNS uuid
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    caller oid := radix._caller(creator);
+    job_parts text[] := radix._split_qualified(job, 'job');
+    proc_parts text[] := radix._split_qualified(procedure, 'procedure');
+    existing uuid := radix._check_admission(caller, job_parts, run_as, if_not_exists);
+    principal pg_roles;
+    sched jsonb;
+    bound jsonb;
+    j radix.jobs;
+BEGIN
+    IF existing IS NOT NULL THEN
+        RETURN existing;
+    END IF;
+    SELECT * INTO principal FROM pg_roles WHERE rolname = run_as;
+    bound := radix._check_binding(proc_parts[1], proc_parts[2], binding);
     sched := radix._normalise_schedule(schedule);
 
     INSERT INTO radix.jobs (schema_name, job_name, owner_oid, owner_name, principal_oid, principal_name,
@@ -579,10 +719,11 @@ BEGIN
     RETURN true;
 END $$;
 
--- DROP JOB [IF EXISTS] ... [RESTRICT | CASCADE]. Dependents are rows of other tables that reference
--- radix.jobs by foreign key. RESTRICT refuses while an attempt holds a live claim or dependents exist;
--- CASCADE deletes the dependents (the caller needs DELETE on their tables) and drops the job even if
--- an attempt is running: that attempt can no longer finalise. State and history go with the job.
+-- DROP JOB [IF EXISTS] ... [RESTRICT | CASCADE]. Dependents are rows of tables outside schema radix
+-- that reference radix.jobs by foreign key. RESTRICT refuses while an attempt holds a live claim or
+-- dependents exist; CASCADE deletes the dependents (the caller needs DELETE on their tables) and drops
+-- the job even if an attempt is running: that attempt can no longer finalise. The job's own rows in
+-- radix (state, history, attempt frames, idempotency keys) go with it.
 CREATE FUNCTION radix._drop_job(creator name, job text, if_exists boolean, cascade boolean) RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -611,8 +752,7 @@ BEGIN
         SELECT c.conrelid::regclass AS tbl, a.attname AS col
         FROM pg_constraint c JOIN pg_attribute a ON a.attrelid = c.conrelid AND a.attnum = c.conkey[1]
         WHERE c.contype = 'f' AND c.confrelid = 'radix.jobs'::regclass AND cardinality(c.conkey) = 1
-          AND c.conrelid NOT IN ('radix.radix_system_job_state'::regclass,
-                                 'radix.radix_system_job_history'::regclass)
+          AND c.connamespace <> 'radix'::regnamespace  -- the job's own rows: state, history, frames, keys
     LOOP
         EXECUTE format('SELECT EXISTS (SELECT 1 FROM %s WHERE %I = $1)', dep.tbl, dep.col)
             INTO found_dependent USING j.job_id;
@@ -634,12 +774,30 @@ BEGIN
 END $$;
 
 -- Public entry points (SECURITY INVOKER): the calling role is current_user at the call site.
+-- create_job checks admission first, then resolves the CALL with the caller's rights (see the top of
+-- this file), then hands the binding to the definer side, which checks everything again.
 CREATE FUNCTION radix.create_job(job text, schedule jsonb, run_as text, procedure text,
                                  arguments jsonb DEFAULT '[]', enabled boolean DEFAULT true,
                                  if_not_exists boolean DEFAULT false, deadline_ms integer DEFAULT 240000)
-RETURNS uuid LANGUAGE sql VOLATILE
-RETURN radix._create_job(current_user, job, schedule, run_as, procedure, arguments, enabled,
-                         if_not_exists, deadline_ms);
+RETURNS uuid LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    args jsonb := radix._normalise_arguments(arguments);
+    proc_parts text[] := radix._split_qualified(procedure, 'procedure');
+    existing uuid;
+BEGIN
+    IF args IS NULL THEN
+        RAISE EXCEPTION 'arguments must be a JSON array or object' USING ERRCODE = '22023';
+    END IF;
+    existing := radix._admit(current_user, job, run_as, if_not_exists);
+    IF existing IS NOT NULL THEN
+        RETURN existing;
+    END IF;
+    RETURN radix._create_job(current_user, job, schedule, run_as, procedure,
+                             radix._resolve_call(proc_parts[1], proc_parts[2], args), enabled,
+                             if_not_exists, deadline_ms);
+END $$;
 
 CREATE FUNCTION radix.alter_job(job text, enabled boolean) RETURNS boolean LANGUAGE sql VOLATILE
 RETURN radix._alter_job(current_user, job, enabled);
@@ -676,12 +834,17 @@ FROM radix.radix_system_job_history h JOIN radix.jobs j USING (job_id)
 WHERE pg_has_role(j.owner_oid, 'MEMBER')
    OR (SELECT rolsuper FROM pg_roles WHERE rolname = current_user);
 
--- Internal helpers are for the definer functions only.
-REVOKE ALL ON FUNCTION radix._caller(name), radix._split_qualified(text, text), radix._constant_sql(jsonb),
-    radix._normalise_arguments(jsonb), radix._resolve_call(text, text, jsonb), radix._probe_parameters(oid),
-    radix._procedure_parameters(oid), radix._bind_arguments(oid, jsonb), radix._normalise_schedule(jsonb),
-    radix._arm_state(radix.jobs), radix._find_job(text), radix._check_job_owner(radix.jobs, oid) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION radix._create_job(name, text, jsonb, text, text, jsonb, boolean, boolean, integer),
+-- Internal helpers that read or write the catalog are for the definer functions only. The resolver
+-- and its helpers run with the caller's rights and touch nothing but the caller's own rolled-back probes.
+REVOKE ALL ON FUNCTION radix._caller(name), radix._normalise_schedule(jsonb), radix._arm_state(radix.jobs),
+    radix._find_job(text), radix._check_job_owner(radix.jobs, oid),
+    radix._check_admission(oid, text[], text, boolean), radix._check_binding(text, text, jsonb) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION radix._split_qualified(text, text), radix._constant_sql(jsonb),
+    radix._normalise_arguments(jsonb), radix._create_probes(text, text),
+    radix._resolve_call(text, text, jsonb), radix._probe_parameters(oid), radix._procedure_parameters(oid),
+    radix._canonical_text(anyelement), radix._bind_arguments(oid, jsonb) TO PUBLIC;
+GRANT EXECUTE ON FUNCTION radix._admit(name, text, text, boolean),
+    radix._create_job(name, text, jsonb, text, text, jsonb, boolean, boolean, integer),
     radix._alter_job(name, text, boolean), radix._drop_job(name, text, boolean, boolean) TO PUBLIC;
 GRANT EXECUTE ON FUNCTION radix.create_job(text, jsonb, text, text, jsonb, boolean, boolean, integer),
     radix.alter_job(text, boolean), radix.drop_job(text, boolean, boolean) TO PUBLIC;
@@ -893,11 +1056,10 @@ BEGIN
 END $$;
 
 -- First statement of every attempt, on the connection logged in as the principal. Checks the claim
--- (by its secret lease token), the identity and the privileges again, and writes the job frame. For an
--- atomic attempt it also marks the tick succeeded in this same transaction, so the procedure's effects
--- and the completion marker commit together, or neither does.
-CREATE FUNCTION radix.begin_attempt(job uuid, token uuid, next_planned_ns bigint, atomic boolean)
-RETURNS void
+-- (by its secret lease token), the identity and the privileges again, and writes the job frame. In an
+-- atomic attempt the KEY SHARE lock taken here is held until COMMIT: claims (FOR UPDATE SKIP LOCKED)
+-- skip the row, so no other node can start this job meanwhile, while ALTER JOB is not blocked.
+CREATE FUNCTION radix.begin_attempt(job uuid, token uuid) RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -906,7 +1068,7 @@ DECLARE
     j radix.jobs;
 BEGIN
     SELECT * INTO s FROM radix.radix_system_job_state
-    WHERE job_id = job AND lease_token = token AND status = 'running' FOR UPDATE;
+    WHERE job_id = job AND lease_token = token AND status = 'running' FOR KEY SHARE;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'the claim of this attempt is no longer held' USING ERRCODE = 'RXL01';
     END IF;
@@ -936,27 +1098,32 @@ BEGIN
     ON CONFLICT (pid) DO UPDATE SET backend_start = excluded.backend_start, job_id = excluded.job_id,
         attempt = excluded.attempt, planned_ns = excluded.planned_ns,
         idempotency_key = excluded.idempotency_key, lease_token = excluded.lease_token;
-    IF atomic THEN
-        PERFORM radix._advance(job, token, next_planned_ns, true, NULL);
-        UPDATE radix.radix_system_job_history SET status = 'succeeded', atomic = true
-        WHERE job_id = job AND planned_ns = s.planned_ns AND attempt = s.attempt AND status = 'running';
-    END IF;
 END $$;
 
--- Last statement of an attempt on the principal's connection: closes the frame (and the history row's
--- timing for an atomic attempt, inside its transaction).
-CREATE FUNCTION radix.end_attempt() RETURNS void
+-- Last statement of an attempt on the principal's connection. Atomic: marks the tick succeeded in the
+-- attempt's own transaction — fenced by the lease token, so a lost lease (ALTER JOB, expiry, another
+-- node) raises and rolls the procedure's effects back: the effects and the marker commit together or
+-- not at all. Non-atomic: only closes the frame; the scheduler records the outcome.
+CREATE FUNCTION radix.end_attempt(job uuid, token uuid, next_planned_ns bigint, atomic boolean)
+RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     f radix.attempt_frames;
 BEGIN
-    DELETE FROM radix.attempt_frames WHERE pid = pg_backend_pid() RETURNING * INTO f;
-    IF FOUND THEN
-        UPDATE radix.radix_system_job_history SET finished_at = clock_timestamp()
-        WHERE job_id = f.job_id AND planned_ns = f.planned_ns AND attempt = f.attempt
-          AND status = 'succeeded' AND finished_at IS NULL;
+    DELETE FROM radix.attempt_frames WHERE pid = pg_backend_pid() AND job_id = job AND lease_token = token
+    RETURNING * INTO f;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'the frame of this attempt is gone' USING ERRCODE = 'RXL01';
+    END IF;
+    IF atomic THEN
+        IF NOT radix._advance(job, token, next_planned_ns, true, NULL) THEN
+            RAISE EXCEPTION 'the claim of this attempt is no longer held' USING ERRCODE = 'RXL01';
+        END IF;
+        UPDATE radix.radix_system_job_history
+        SET status = 'succeeded', atomic = true, finished_at = clock_timestamp()
+        WHERE job_id = job AND planned_ns = f.planned_ns AND attempt = f.attempt AND status = 'running';
     END IF;
 END $$;
 
@@ -1057,6 +1224,633 @@ END $$;
 REVOKE ALL ON FUNCTION radix.register_node(text, text, integer), radix.claim_due(text, integer),
     radix._prune_history(uuid), radix._advance(uuid, uuid, bigint, boolean, jsonb),
     radix.finish_attempt(uuid, uuid, text, jsonb, bigint, bigint, boolean, boolean), radix.release_claims(text) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION radix.begin_attempt(uuid, uuid, bigint, boolean), radix.end_attempt(),
+GRANT EXECUTE ON FUNCTION radix.begin_attempt(uuid, uuid), radix.end_attempt(uuid, uuid, bigint, boolean),
     radix.current_job_id(), radix.current_job_attempt(), radix.current_job_scheduled_at(),
     radix.current_idempotency_key(), radix.once(), radix._frame() TO PUBLIC;
+
+-- ===== 0004_documents.sql =====
+-- 0004: CRON_TABLE documents (the DocScheduler front-end, SPEC §6): storage, validation, admission,
+-- system processes and the scheduler's verbs.
+--
+-- A document {"dockind": "CRON_TABLE", "status": ..., "props": {...}} is one row of radix.cron_table:
+-- `props` holds the definition as the user gave it (maintained properties are never stored there, RUN_AS
+-- is resolved), typed columns hold what the scheduler maintains. Documents are written only through
+-- radix.apply_document(s), which validate the WHOLE input and name every problem before writing
+-- anything; the Python API checks the same rules first (documents/model.py: keep the texts identical).
+
+CREATE TABLE radix.cron_table (
+    num              text PRIMARY KEY,
+    dockind          text NOT NULL DEFAULT 'CRON_TABLE' CHECK (dockind = 'CRON_TABLE'),
+    status           text NOT NULL CHECK (status IN
+                       ('CRON_TABLE_ACTIVE', 'CRON_TABLE_PASSIVE', 'CRON_TABLE_ERROR')),
+    props            jsonb NOT NULL,
+    owner_oid        oid NOT NULL,          -- the role that created the document
+    writer_oid       oid NOT NULL,          -- the role whose apply last changed it: RUN_AS was checked for it
+    principal_oid    oid NOT NULL,          -- RUN_AS
+    version          bigint NOT NULL DEFAULT 1,
+    first_run        timestamptz,
+    -- maintained by the scheduler
+    sys_process_id   bigint,
+    count_error      integer NOT NULL DEFAULT 0,
+    last_run         timestamptz,
+    next_run         timestamptz,
+    daily_start_time timestamptz,
+    daily_end_time   timestamptz,
+    error_text       text,
+    created_at       timestamptz NOT NULL DEFAULT clock_timestamp(),
+    updated_at       timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+
+CREATE TABLE radix.sys_processes (
+    id          bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    task_num    text NOT NULL REFERENCES radix.cron_table ON DELETE CASCADE,
+    doc_version bigint NOT NULL,
+    type        text NOT NULL CHECK (type IN ('db', 'csp')),
+    target      text NOT NULL,
+    params      jsonb,
+    status      text NOT NULL DEFAULT 'running' CHECK (status IN ('running', 'completed', 'failed')),
+    error_text  text,
+    started_at  timestamptz NOT NULL,
+    finished_at timestamptz,
+    node        text NOT NULL
+);
+CREATE INDEX sys_processes_task ON radix.sys_processes (task_num, id);
+
+REVOKE ALL ON radix.cron_table, radix.sys_processes FROM PUBLIC;
+
+-- Every change of a document or of a process's status wakes the schedulers at once (the seed's
+-- reload on change and trgProcessChanged); the payload is the task's NUM.
+CREATE FUNCTION radix._notify_document() RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF TG_OP = 'DELETE' THEN
+        PERFORM pg_notify('radix_documents', OLD.num);
+    ELSE
+        PERFORM pg_notify('radix_documents', NEW.num);
+    END IF;
+    RETURN NULL;
+END $$;
+
+CREATE FUNCTION radix._notify_process() RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM pg_notify('radix_documents', NEW.task_num);
+    RETURN NULL;
+END $$;
+
+CREATE TRIGGER "trgCronTableChanged" AFTER INSERT OR UPDATE OR DELETE ON radix.cron_table
+    FOR EACH ROW EXECUTE FUNCTION radix._notify_document();
+CREATE TRIGGER "trgProcessChanged" AFTER INSERT OR UPDATE OF status ON radix.sys_processes
+    FOR EACH ROW EXECUTE FUNCTION radix._notify_process();
+
+-- -- validation ---------------------------------------------------------------------------------------
+
+CREATE FUNCTION radix._doc_present(v jsonb) RETURNS boolean
+LANGUAGE sql IMMUTABLE
+RETURN v IS NOT NULL AND jsonb_typeof(v) <> 'null';
+
+-- The task key of a document: an integer NUM as its digits, a string NUM as given; NULL when invalid.
+CREATE FUNCTION radix.document_num(doc jsonb) RETURNS text
+LANGUAGE sql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+RETURN (SELECT CASE
+          WHEN jsonb_typeof(n) = 'number' AND n::text ~ '^-?[0-9]{1,100}$' THEN n::text
+          WHEN jsonb_typeof(n) = 'string' AND btrim(n #>> '{}') <> '' AND length(n #>> '{}') <= 100
+               THEN n #>> '{}'
+        END
+        FROM (SELECT CASE WHEN jsonb_typeof(doc) = 'object' AND jsonb_typeof(doc->'props') = 'object'
+                          THEN doc->'props'->'NUM' END AS n) x);
+
+-- Is `name` a function name: `name` or `schema.name`, PostgreSQL identifier rules, each part <= 63 bytes?
+CREATE FUNCTION radix._doc_function_name_ok(name text) RETURNS boolean
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    parts text[];
+BEGIN
+    parts := parse_ident(name);
+    RETURN cardinality(parts) IN (1, 2) AND (SELECT bool_and(octet_length(p) <= 63) FROM unnest(parts) p);
+EXCEPTION WHEN OTHERS THEN
+    RETURN false;
+END $$;
+
+CREATE FUNCTION radix._doc_json_text_ok(s text) RETURNS boolean
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM s::jsonb;
+    RETURN true;
+EXCEPTION WHEN OTHERS THEN
+    RETURN false;
+END $$;
+
+CREATE FUNCTION radix._doc_timestamp_ok(s text) RETURNS boolean
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+SET TimeZone = 'UTC'
+AS $$
+BEGIN
+    IF s !~ '^[0-9]{4}-[0-9]{2}-[0-9]{2}([T ][0-9]{2}:[0-9]{2}(:[0-9]{2}(\.[0-9]{1,6})?)?(Z|[+-][0-9]{2}(:?[0-9]{2})?)?)?$' THEN
+        RETURN false;
+    END IF;
+    PERFORM s::timestamptz;
+    RETURN true;
+EXCEPTION WHEN OTHERS THEN
+    RETURN false;
+END $$;
+
+-- Every structural problem of one document, in a fixed order (empty: valid). Pure: no catalog
+-- lookups; RUN_AS and ownership are checked by the apply functions. Texts match documents/model.py.
+CREATE FUNCTION radix.document_problems(doc jsonb) RETURNS text[]
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    known text[] := ARRAY['NUM', 'DESCR', 'DB_FUNCTION', 'CSP_SERVICE', 'CSP_SERVICE_PARAMS', 'INTERVAL',
+                          'INTERVAL_ERROR', 'MAX_COUNT_ERROR', 'FIRST_RUN', 'RUN_AS', 'PERIODICAL_RUN',
+                          'DEL_ON_FINISH', 'SYS_PROCESS_ID', 'COUNT_ERROR', 'LAST_RUN', 'NEXT_RUN',
+                          'DAILY_START_TIME', 'DAILY_END_TIME', 'ERROR_TEXT'];
+    statuses text := 'CRON_TABLE_ACTIVE, CRON_TABLE_PASSIVE or CRON_TABLE_ERROR';
+    out text[] := '{}';
+    p jsonb;
+    v jsonb;
+    k text;
+    has_db boolean;
+    has_csp boolean;
+BEGIN
+    IF jsonb_typeof(doc) IS DISTINCT FROM 'object' THEN
+        RETURN ARRAY['a document must be a JSON object'];
+    END IF;
+    FOR k IN SELECT key FROM jsonb_object_keys(doc) key
+             WHERE key NOT IN ('dockind', 'status', 'props') ORDER BY key COLLATE "C" LOOP
+        out := out || format('unknown key %s (a document has dockind, status and props)', quote_literal(k));
+    END LOOP;
+    v := doc->'dockind';
+    IF NOT radix._doc_present(v) THEN
+        out := out || 'dockind is missing'::text;
+    ELSIF v IS DISTINCT FROM '"CRON_TABLE"' THEN
+        out := out || ('dockind must be ''CRON_TABLE'''
+                       || CASE WHEN jsonb_typeof(v) = 'string' THEN ', not ' || quote_literal(v #>> '{}') ELSE '' END);
+    END IF;
+    v := doc->'status';
+    IF NOT radix._doc_present(v) THEN
+        out := out || ('status is missing (' || statuses || ')');
+    ELSIF jsonb_typeof(v) <> 'string'
+          OR v #>> '{}' NOT IN ('CRON_TABLE_ACTIVE', 'CRON_TABLE_PASSIVE', 'CRON_TABLE_ERROR') THEN
+        out := out || ('status must be ' || statuses
+                       || CASE WHEN jsonb_typeof(v) = 'string' THEN ', not ' || quote_literal(v #>> '{}') ELSE '' END);
+    END IF;
+    p := doc->'props';
+    IF NOT radix._doc_present(p) THEN
+        RETURN out || 'props is missing'::text;
+    ELSIF jsonb_typeof(p) <> 'object' THEN
+        RETURN out || 'props must be a JSON object'::text;
+    END IF;
+
+    FOR k IN SELECT key FROM jsonb_object_keys(p) key WHERE key <> ALL (known) ORDER BY key COLLATE "C" LOOP
+        out := out || (format('unknown property %s', quote_literal(k))
+                       || CASE WHEN upper(k) = ANY (known)
+                               THEN format(' (property names are upper case: %s)', upper(k)) ELSE '' END);
+    END LOOP;
+    IF NOT radix._doc_present(p->'NUM') THEN
+        out := out || 'NUM is missing'::text;
+    ELSIF radix.document_num(doc) IS NULL THEN
+        out := out || 'NUM must be an integer or a non-empty string (at most 100 characters)'::text;
+    END IF;
+    IF radix._doc_present(p->'DESCR') AND jsonb_typeof(p->'DESCR') <> 'string' THEN
+        out := out || 'DESCR must be a string'::text;
+    END IF;
+    has_db := radix._doc_present(p->'DB_FUNCTION');
+    has_csp := radix._doc_present(p->'CSP_SERVICE');
+    IF NOT has_db AND NOT has_csp THEN
+        out := out || 'one of DB_FUNCTION and CSP_SERVICE is required'::text;
+    ELSIF has_db AND has_csp THEN
+        out := out || 'DB_FUNCTION and CSP_SERVICE exclude each other: give exactly one'::text;
+    END IF;
+    v := p->'DB_FUNCTION';
+    IF has_db AND jsonb_typeof(v) <> 'string' THEN
+        out := out || 'DB_FUNCTION must be a string'::text;
+    ELSIF has_db AND NOT radix._doc_function_name_ok(v #>> '{}') THEN
+        out := out || format('DB_FUNCTION must be a function name (name or schema.name), not %s',
+                             quote_literal(v #>> '{}'));
+    END IF;
+    IF has_csp AND (jsonb_typeof(p->'CSP_SERVICE') <> 'string' OR btrim(p->>'CSP_SERVICE') = '') THEN
+        out := out || 'CSP_SERVICE must be a non-empty string'::text;
+    END IF;
+    v := p->'CSP_SERVICE_PARAMS';
+    IF radix._doc_present(v) THEN
+        IF NOT has_csp THEN
+            out := out || 'CSP_SERVICE_PARAMS is only used with CSP_SERVICE'::text;
+        END IF;
+        IF jsonb_typeof(v) = 'string' AND NOT radix._doc_json_text_ok(v #>> '{}') THEN
+            out := out || 'CSP_SERVICE_PARAMS is a string but not valid JSON'::text;
+        ELSIF jsonb_typeof(v) NOT IN ('string', 'object', 'array') THEN
+            out := out || 'CSP_SERVICE_PARAMS must be a JSON object or array, or a string holding JSON'::text;
+        END IF;
+    END IF;
+    FOREACH k IN ARRAY ARRAY['INTERVAL', 'INTERVAL_ERROR'] LOOP
+        IF radix._doc_present(p->k) AND jsonb_typeof(p->k) <> 'string' THEN
+            out := out || (k || ' must be a string (a SQL expression)');
+        END IF;
+    END LOOP;
+    v := p->'MAX_COUNT_ERROR';
+    IF radix._doc_present(v) AND NOT (jsonb_typeof(v) = 'number' AND v::text ~ '^[0-9]{1,10}$'
+                                      AND v::text::bigint <= 2147483647) THEN
+        out := out || 'MAX_COUNT_ERROR must be an integer from 0 to 2147483647'::text;
+    END IF;
+    v := p->'FIRST_RUN';
+    IF radix._doc_present(v) AND NOT (jsonb_typeof(v) = 'string' AND radix._doc_timestamp_ok(v #>> '{}')) THEN
+        out := out || ('FIRST_RUN must be an ISO-8601 timestamp such as 2025-01-01T00:00:00'
+                       || CASE WHEN jsonb_typeof(v) = 'string' THEN ', not ' || quote_literal(v #>> '{}') ELSE '' END);
+    END IF;
+    v := p->'RUN_AS';
+    IF radix._doc_present(v) AND (jsonb_typeof(v) <> 'string' OR btrim(v #>> '{}') = '') THEN
+        out := out || 'RUN_AS must be a role name'::text;
+    END IF;
+    RETURN out;
+END $$;
+
+-- -- admission ------------------------------------------------------------------------------------------
+
+CREATE FUNCTION radix._doc_prefix(doc jsonb, pos integer, single boolean) RETURNS text
+LANGUAGE sql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+RETURN CASE WHEN single THEN coalesce('NUM ' || radix.document_num(doc) || ': ', '')
+            ELSE 'document ' || pos || coalesce(' (NUM ' || radix.document_num(doc) || ')', '') || ': ' END;
+
+-- What `caller` may not do with a structurally valid document: RUN_AS (exists, may act as it, can log
+-- in) and ownership of an existing document. Returns (problem, is_permission) rows.
+CREATE FUNCTION radix._doc_access_problems(caller oid, doc jsonb)
+RETURNS TABLE (problem text, permission boolean)
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    run_as text := coalesce(doc->'props'->>'RUN_AS', (SELECT rolname FROM pg_roles WHERE oid = caller));
+    principal pg_roles;
+    owner oid := (SELECT owner_oid FROM radix.cron_table WHERE num = radix.document_num(doc));
+BEGIN
+    IF owner IS NOT NULL AND NOT (SELECT rolsuper FROM pg_roles WHERE oid = caller)
+       AND NOT (EXISTS (SELECT 1 FROM pg_roles WHERE oid = owner) AND pg_has_role(caller, owner, 'MEMBER')) THEN
+        RETURN QUERY SELECT format('permission denied: task %s belongs to role %s; only its owner (or a member '
+                                   'of it) may change it', radix.document_num(doc), pg_get_userbyid(owner)), true;
+    END IF;
+    SELECT * INTO principal FROM pg_roles WHERE rolname = run_as;
+    IF NOT FOUND THEN
+        RETURN QUERY SELECT format('RUN_AS role %s does not exist', quote_literal(run_as)), false;
+    ELSIF NOT radix.may_act_as(caller, principal.oid) THEN
+        RETURN QUERY SELECT CASE WHEN principal.rolsuper
+            THEN format('permission denied to run as superuser %s: only superusers may', quote_ident(run_as))
+            ELSE format('permission denied to run as role %s: the writer must be able to SET ROLE to it',
+                        quote_ident(run_as)) END, true;
+    ELSIF NOT principal.rolcanlogin THEN
+        RETURN QUERY SELECT format('role %s cannot log in: tasks run on a connection logged in as RUN_AS '
+                                   '(ALTER ROLE %s LOGIN)', quote_ident(run_as), quote_ident(run_as)), false;
+    END IF;
+END $$;
+
+-- Write one checked document (its key is locked by the caller). Identical definition and status:
+-- nothing changes. Otherwise the version goes up; a status set back to ACTIVE re-arms the task
+-- (error counter, error text and NEXT_RUN cleared: due at FIRST_RUN, or now). Run state is kept.
+CREATE FUNCTION radix._doc_write(caller oid, doc jsonb) RETURNS jsonb
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+SET TimeZone = 'UTC'
+AS $$
+DECLARE
+    maintained text[] := ARRAY['SYS_PROCESS_ID', 'COUNT_ERROR', 'LAST_RUN', 'NEXT_RUN', 'DAILY_START_TIME',
+                               'DAILY_END_TIME', 'ERROR_TEXT'];
+    key text := radix.document_num(doc);
+    principal pg_roles;
+    props jsonb;
+    status text := doc->>'status';
+    ignored jsonb := (SELECT coalesce(jsonb_agg(k ORDER BY k COLLATE "C"), '[]')
+                      FROM jsonb_object_keys(doc->'props') k WHERE k = ANY (maintained));
+    old radix.cron_table;
+    rearm boolean;
+BEGIN
+    SELECT * INTO principal FROM pg_roles
+    WHERE rolname = coalesce(doc->'props'->>'RUN_AS', (SELECT rolname FROM pg_roles WHERE oid = caller));
+    props := (SELECT coalesce(jsonb_object_agg(k, v), '{}') FROM jsonb_each(doc->'props') AS e(k, v)
+              WHERE k <> ALL (maintained) AND jsonb_typeof(v) <> 'null')
+             || jsonb_build_object('RUN_AS', principal.rolname);
+    SELECT * INTO old FROM radix.cron_table WHERE num = key FOR UPDATE;
+    IF NOT FOUND THEN
+        INSERT INTO radix.cron_table (num, status, props, owner_oid, writer_oid, principal_oid, first_run)
+        VALUES (key, status, props, caller, caller, principal.oid, (props->>'FIRST_RUN')::timestamptz);
+        RETURN jsonb_build_object('num', key, 'action', 'created', 'version', 1, 'ignored', ignored);
+    END IF;
+    IF old.props = props AND old.status = status THEN
+        RETURN jsonb_build_object('num', key, 'action', 'unchanged', 'version', old.version, 'ignored', ignored);
+    END IF;
+    rearm := status = 'CRON_TABLE_ACTIVE' AND old.status <> 'CRON_TABLE_ACTIVE';
+    UPDATE radix.cron_table c SET
+        status = _doc_write.status, props = _doc_write.props, writer_oid = caller,
+        principal_oid = principal.oid, version = c.version + 1,
+        first_run = (_doc_write.props->>'FIRST_RUN')::timestamptz,
+        count_error = CASE WHEN rearm THEN 0 ELSE c.count_error END,
+        error_text = CASE WHEN rearm THEN NULL ELSE c.error_text END,
+        next_run = CASE WHEN rearm THEN NULL ELSE c.next_run END,
+        updated_at = clock_timestamp()
+    WHERE c.num = key;
+    RETURN jsonb_build_object('num', key, 'action', 'updated', 'version', old.version + 1, 'ignored', ignored);
+END $$;
+
+-- Apply a list of documents all-or-nothing: every problem of every document is named in one error
+-- (DETAIL, one per line), or all are written. `single` only changes how problems are prefixed.
+CREATE FUNCTION radix._apply_documents(creator name, docs jsonb, single boolean) RETURNS jsonb
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    caller oid := radix._caller(creator);
+    problems text[] := '{}';
+    permission boolean := false;
+    d record;
+    a record;
+    results jsonb := '[]';
+BEGIN
+    IF jsonb_typeof(docs) IS DISTINCT FROM 'array' THEN
+        RAISE EXCEPTION 'documents must be a JSON object or a list of objects' USING ERRCODE = '22023';
+    END IF;
+    FOR d IN SELECT e, n::integer AS n FROM jsonb_array_elements(docs) WITH ORDINALITY AS x(e, n) LOOP
+        problems := problems || ARRAY(SELECT radix._doc_prefix(d.e, d.n, single) || m
+                                      FROM unnest(radix.document_problems(d.e)) m);
+    END LOOP;
+    problems := problems || ARRAY(
+        SELECT format('NUM %s appears more than once (documents %s)', k,
+                      array_to_string(array_agg(n ORDER BY n), ', '))
+        FROM (SELECT radix.document_num(e) AS k, n FROM jsonb_array_elements(docs) WITH ORDINALITY AS x(e, n)) s
+        WHERE k IS NOT NULL GROUP BY k HAVING count(*) > 1 ORDER BY min(n));
+    IF cardinality(problems) = 0 THEN
+        -- lock every key in one order (concurrent lists cannot deadlock), then check access
+        PERFORM pg_advisory_xact_lock(hashtext('radix.doc:' || k))
+        FROM (SELECT radix.document_num(e) AS k FROM jsonb_array_elements(docs) e
+              ORDER BY radix.document_num(e) COLLATE "C") s;
+        FOR d IN SELECT e, n::integer AS n FROM jsonb_array_elements(docs) WITH ORDINALITY AS x(e, n) LOOP
+            FOR a IN SELECT * FROM radix._doc_access_problems(caller, d.e) LOOP
+                problems := problems || (radix._doc_prefix(d.e, d.n, single) || a.problem);
+                permission := permission OR a.permission;
+            END LOOP;
+        END LOOP;
+    END IF;
+    IF cardinality(problems) > 0 THEN
+        RAISE EXCEPTION '%', CASE WHEN cardinality(problems) = 1 THEN 'CRON_TABLE document rejected: ' || problems[1]
+                                  ELSE format('CRON_TABLE document rejected: %s problems', cardinality(problems)) END
+            USING ERRCODE = CASE WHEN permission THEN '42501' ELSE '22023' END,
+                  DETAIL = array_to_string(problems, E'\n');
+    END IF;
+    FOR d IN SELECT e FROM jsonb_array_elements(docs) e LOOP
+        results := results || radix._doc_write(caller, d.e);
+    END LOOP;
+    RETURN results;
+END $$;
+
+-- Public entry points (SECURITY INVOKER): the calling role is current_user at the call site.
+-- apply_document returns {"num", "action": created | updated | unchanged, "version", "ignored": [...]}.
+CREATE FUNCTION radix.apply_document(doc jsonb) RETURNS jsonb LANGUAGE sql VOLATILE
+RETURN radix._apply_documents(current_user, jsonb_build_array(doc), true) -> 0;
+
+CREATE FUNCTION radix.apply_documents(docs jsonb) RETURNS jsonb LANGUAGE sql VOLATILE
+RETURN radix._apply_documents(current_user,
+                              CASE WHEN jsonb_typeof(docs) = 'object' THEN jsonb_build_array(docs) ELSE docs END,
+                              jsonb_typeof(docs) = 'object');
+
+-- What a role may see: the documents it owns (directly or by membership); all for superusers.
+CREATE FUNCTION radix._doc_visible(owner oid) RETURNS boolean
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+RETURN CASE WHEN (SELECT rolsuper FROM pg_roles WHERE rolname = current_user) THEN true
+            WHEN NOT EXISTS (SELECT 1 FROM pg_roles WHERE oid = owner) THEN false
+            ELSE pg_has_role(current_user, owner, 'MEMBER') END;
+
+CREATE VIEW radix.document_overview WITH (security_barrier) AS
+SELECT c.num, c.dockind, c.status, c.props, pg_get_userbyid(c.owner_oid) AS owner,
+       pg_get_userbyid(c.principal_oid) AS principal, c.version, c.first_run, c.sys_process_id,
+       c.count_error, c.last_run, c.next_run, c.daily_start_time, c.daily_end_time, c.error_text,
+       CASE WHEN c.status = 'CRON_TABLE_ACTIVE' THEN coalesce(c.next_run, c.first_run) END AS next_run_at,
+       c.created_at, c.updated_at
+FROM radix.cron_table c
+WHERE radix._doc_visible(c.owner_oid);
+
+CREATE VIEW radix.document_processes WITH (security_barrier) AS
+SELECT p.id, p.task_num AS num, p.doc_version, p.type, p.target, p.params, p.status, p.error_text,
+       p.started_at, p.finished_at, p.finished_at - p.started_at AS duration, p.node
+FROM radix.sys_processes p JOIN radix.cron_table c ON c.num = p.task_num
+WHERE radix._doc_visible(c.owner_oid);
+
+-- -- scheduler verbs (the scheduler's own role only) ---------------------------------------------------
+-- `at_ts` is the scheduler's clock (NULL: the database clock). A process is live while it is running
+-- and its node is alive; this node's own processes are live only while it runs them (`in_flight`).
+
+-- Why the task may not run as its principal now (NULL: it may): checked at every start and finish.
+CREATE FUNCTION radix._doc_refusal(c radix.cron_table) RETURNS text
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+RETURN (SELECT CASE
+          WHEN r.oid IS NULL THEN 'RUN_AS role no longer exists'
+          WHEN NOT EXISTS (SELECT 1 FROM pg_roles WHERE oid = c.writer_oid)
+               OR NOT radix.may_act_as(c.writer_oid, c.principal_oid)
+               THEN 'permission denied: the document''s writer may no longer act as RUN_AS'
+          WHEN NOT r.rolcanlogin THEN format('role %s cannot log in', quote_ident(r.rolname))
+        END
+        FROM (SELECT 1) one LEFT JOIN pg_roles r ON r.oid = c.principal_oid);
+
+-- The ACTIVE tasks the decision table must look at: due ones, and ones with a recorded process.
+CREATE FUNCTION radix.doc_candidates(at_ts timestamptz, my_node text, in_flight bigint[])
+RETURNS TABLE (num text, version bigint, due_at timestamptz, sys_process_id bigint, process_status text,
+               process_live boolean, process_error text, now_ts timestamptz)
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT c.num, c.version, coalesce(c.next_run, c.first_run), c.sys_process_id, p.status,
+           p.status = 'running' AND CASE WHEN p.node = my_node THEN p.id = ANY (in_flight)
+                                         ELSE radix.node_alive(p.node) END,
+           p.error_text, t.now_ts
+    FROM (SELECT coalesce(at_ts, clock_timestamp()) AS now_ts) t
+         CROSS JOIN radix.cron_table c LEFT JOIN radix.sys_processes p ON p.id = c.sys_process_id
+    WHERE c.status = 'CRON_TABLE_ACTIVE'
+      AND (c.sys_process_id IS NOT NULL OR coalesce(c.next_run, c.first_run, '-infinity') <= t.now_ts)
+    ORDER BY coalesce(c.next_run, c.first_run, '-infinity'), c.num
+$$;
+
+-- Seconds until the earliest idle ACTIVE task is due (0: now, or a recorded process needs a look);
+-- NULL when nothing is planned.
+CREATE FUNCTION radix.doc_next_due_in(at_ts timestamptz, my_node text, in_flight bigint[]) RETURNS float8
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT greatest(0, extract(epoch FROM min(CASE
+               WHEN c.sys_process_id IS NULL THEN coalesce(c.next_run, c.first_run, t.now_ts)
+               WHEN p.status IS DISTINCT FROM 'running' THEN t.now_ts
+               WHEN p.node = my_node AND NOT p.id = ANY (in_flight) THEN t.now_ts
+               WHEN p.node <> my_node AND NOT radix.node_alive(p.node) THEN t.now_ts
+           END) - t.now_ts))::float8
+    FROM (SELECT coalesce(at_ts, clock_timestamp()) AS now_ts) t
+         CROSS JOIN radix.cron_table c LEFT JOIN radix.sys_processes p ON p.id = c.sys_process_id
+    WHERE c.status = 'CRON_TABLE_ACTIVE'
+    GROUP BY t.now_ts
+$$;
+
+-- Start a run (the seed's _runTask): fenced by the process the decision saw (`expected_process`), the
+-- status and the due time, so two schedulers never start one task twice. A replaced process that is
+-- still marked running (its node died) is closed as failed. Creates the system process, records it in
+-- SYS_PROCESS_ID and DAILY_START_TIME; `refusal` says why it must not run as its principal (it then
+-- fails without running). No row: someone else holds or started the task.
+CREATE FUNCTION radix.doc_start(task text, expected_process bigint, my_node text, at_ts timestamptz)
+RETURNS TABLE (process_id bigint, kind text, target text, params jsonb, principal name, refusal text,
+               started_at timestamptz, version bigint)
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    c radix.cron_table;
+    old radix.sys_processes;
+    now_ts timestamptz := coalesce(at_ts, clock_timestamp());
+    pid bigint;
+    proc_kind text;
+BEGIN
+    SELECT * INTO c FROM radix.cron_table t WHERE t.num = task FOR UPDATE SKIP LOCKED;
+    IF NOT FOUND OR c.status <> 'CRON_TABLE_ACTIVE' OR c.sys_process_id IS DISTINCT FROM expected_process
+       OR coalesce(c.next_run, c.first_run, '-infinity') > now_ts THEN
+        RETURN;
+    END IF;
+    IF expected_process IS NOT NULL THEN
+        SELECT * INTO old FROM radix.sys_processes p WHERE p.id = expected_process FOR UPDATE;
+        IF FOUND AND old.status <> 'running' THEN
+            RETURN;  -- finished meanwhile: it is to be finished, not restarted
+        END IF;
+        IF FOUND AND old.node <> my_node AND radix.node_alive(old.node) THEN
+            RETURN;
+        END IF;
+        UPDATE radix.sys_processes p SET status = 'failed', finished_at = now_ts,
+            error_text = format('abandoned: node %s stopped before the process finished', p.node)
+        WHERE p.id = expected_process AND p.status = 'running';
+    END IF;
+    proc_kind := CASE WHEN c.props ? 'DB_FUNCTION' THEN 'db' ELSE 'csp' END;
+    INSERT INTO radix.sys_processes (task_num, doc_version, type, target, params, started_at, node)
+    VALUES (c.num, c.version, proc_kind,
+            CASE proc_kind WHEN 'db' THEN c.props->>'DB_FUNCTION' ELSE c.props->>'CSP_SERVICE' END,
+            CASE WHEN jsonb_typeof(c.props->'CSP_SERVICE_PARAMS') = 'string'
+                 THEN (c.props->>'CSP_SERVICE_PARAMS')::jsonb ELSE c.props->'CSP_SERVICE_PARAMS' END,
+            now_ts, my_node)
+    RETURNING id INTO pid;
+    UPDATE radix.cron_table t SET sys_process_id = pid, daily_start_time = now_ts, updated_at = now_ts
+    WHERE t.num = c.num;
+    -- keep the newest 256 processes per task
+    DELETE FROM radix.sys_processes p WHERE p.task_num = c.num AND p.id <= (
+        SELECT q.id FROM radix.sys_processes q WHERE q.task_num = c.num ORDER BY q.id DESC OFFSET 256 LIMIT 1);
+    RETURN QUERY SELECT pid, proc_kind, p.target, p.params, pg_get_userbyid(c.principal_oid)::name,
+                        radix._doc_refusal(c), now_ts, c.version
+    FROM radix.sys_processes p WHERE p.id = pid;
+END $$;
+
+-- Record a process's outcome (completed / failed). NULL when it was no longer running (another node
+-- took the task over): the caller then stops. Returns the finish time.
+CREATE FUNCTION radix.doc_record(process bigint, succeeded boolean, error text, at_ts timestamptz)
+RETURNS timestamptz
+LANGUAGE sql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    UPDATE radix.sys_processes SET status = CASE WHEN succeeded THEN 'completed' ELSE 'failed' END,
+        error_text = error, finished_at = coalesce(at_ts, clock_timestamp())
+    WHERE id = process AND status = 'running'
+    RETURNING finished_at
+$$;
+
+-- What the finish of `process` needs; no row when the task no longer records that process.
+CREATE FUNCTION radix.doc_finish_state(task text, process bigint)
+RETURNS TABLE (version bigint, status text, props jsonb, count_error integer, daily_start_time timestamptz,
+               principal name, refusal text, process_status text, process_error text,
+               process_finished_at timestamptz)
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT c.version, c.status, c.props, c.count_error, c.daily_start_time,
+           pg_get_userbyid(c.principal_oid)::name, radix._doc_refusal(c), p.status, p.error_text, p.finished_at
+    FROM radix.cron_table c JOIN radix.sys_processes p ON p.id = c.sys_process_id
+    WHERE c.num = task AND c.sys_process_id = process
+$$;
+
+-- Finish a run (the seed's _finishTask) in one transaction: SYS_PROCESS_ID cleared, DAILY_END_TIME,
+-- LAST_RUN, ERROR_TEXT, NEXT_RUN and COUNT_ERROR written; the status changes only while ACTIVE (a
+-- user's PASSIVE/ERROR wins). Fenced by the process and the definition version:
+-- 'done', 'stale' (the document changed meanwhile: decide again) or 'lost' (no longer ours).
+CREATE FUNCTION radix.doc_finish(task text, process bigint, expected_version bigint, new_status text,
+                                 next_run timestamptz, count_error integer, error text, at_ts timestamptz)
+RETURNS text
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    c radix.cron_table;
+    now_ts timestamptz := coalesce(at_ts, clock_timestamp());
+BEGIN
+    SELECT * INTO c FROM radix.cron_table t WHERE t.num = task FOR UPDATE;
+    IF NOT FOUND OR c.sys_process_id IS DISTINCT FROM process THEN
+        RETURN 'lost';
+    END IF;
+    IF c.version <> expected_version THEN
+        RETURN 'stale';
+    END IF;
+    UPDATE radix.cron_table t SET sys_process_id = NULL, daily_end_time = now_ts,
+        last_run = t.daily_start_time, error_text = error, next_run = doc_finish.next_run,
+        count_error = doc_finish.count_error,
+        status = CASE WHEN t.status = 'CRON_TABLE_ACTIVE' THEN new_status ELSE t.status END,
+        updated_at = now_ts
+    WHERE t.num = task;
+    RETURN 'done';
+END $$;
+
+-- Full-reload housekeeping: a task that is no longer ACTIVE but still records a process that ended
+-- (or whose node died) is released: the process is closed, SYS_PROCESS_ID cleared. Returns the count.
+CREATE FUNCTION radix.doc_release_inactive(my_node text, in_flight bigint[], at_ts timestamptz)
+RETURNS integer
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    now_ts timestamptz := coalesce(at_ts, clock_timestamp());
+    released integer;
+BEGIN
+    WITH stale AS (
+        SELECT c.num, p.id, p.status, p.finished_at, p.error_text
+        FROM radix.cron_table c LEFT JOIN radix.sys_processes p ON p.id = c.sys_process_id
+        WHERE c.status <> 'CRON_TABLE_ACTIVE' AND c.sys_process_id IS NOT NULL
+          AND (p.id IS NULL OR p.status <> 'running'
+               OR CASE WHEN p.node = my_node THEN NOT p.id = ANY (in_flight) ELSE NOT radix.node_alive(p.node) END)
+        FOR UPDATE OF c SKIP LOCKED
+    ), closed AS (
+        UPDATE radix.sys_processes p SET status = 'failed', finished_at = now_ts,
+            error_text = format('abandoned: node %s stopped before the process finished', p.node)
+        FROM stale s WHERE p.id = s.id AND p.status = 'running'
+        RETURNING p.id
+    ), cleared AS (
+        UPDATE radix.cron_table t SET sys_process_id = NULL, last_run = t.daily_start_time,
+            daily_end_time = coalesce(s.finished_at, now_ts),
+            error_text = CASE WHEN s.status = 'completed' THEN NULL
+                              ELSE coalesce(s.error_text, 'abandoned: the process was lost') END,
+            updated_at = now_ts
+        FROM stale s WHERE t.num = s.num
+        RETURNING 1
+    )
+    SELECT count(*) INTO released FROM cleared;
+    RETURN released;
+END $$;
+
+REVOKE ALL ON FUNCTION radix._doc_access_problems(oid, jsonb), radix._doc_write(oid, jsonb),
+    radix._doc_refusal(radix.cron_table), radix.doc_candidates(timestamptz, text, bigint[]),
+    radix.doc_next_due_in(timestamptz, text, bigint[]), radix.doc_start(text, bigint, text, timestamptz),
+    radix.doc_record(bigint, boolean, text, timestamptz), radix.doc_finish_state(text, bigint),
+    radix.doc_finish(text, bigint, bigint, text, timestamptz, integer, text, timestamptz),
+    radix.doc_release_inactive(text, bigint[], timestamptz) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION radix.document_problems(jsonb), radix.document_num(jsonb),
+    radix._apply_documents(name, jsonb, boolean), radix.apply_document(jsonb), radix.apply_documents(jsonb)
+    TO PUBLIC;
+GRANT SELECT ON radix.document_overview, radix.document_processes TO PUBLIC;

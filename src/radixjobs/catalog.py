@@ -1,0 +1,137 @@
+"""Job DDL and the job catalog from Python: every path calls the database's admission functions.
+
+The parser turns text into a statement; this module sends it, as structured JSON with bound parameters,
+to ``radix.create_job`` / ``radix.alter_job`` / ``radix.drop_job`` — the same functions a SQL user calls —
+so the checks are the database's, in one transaction per statement.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+import psycopg
+from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
+
+from radixjobs import ddl
+from radixjobs.errors import AdmissionError
+from radixjobs.model import (
+    AlterJob,
+    AtSchedule,
+    CreateJob,
+    EverySchedule,
+    JobStatement,
+    QualifiedName,
+    Schedule,
+)
+
+Conn = psycopg.Connection[Any]
+
+
+def schedule_json(schedule: Schedule) -> dict[str, Any]:
+    """The admission function's schedule document for a parsed schedule (nanosecond forms)."""
+    if isinstance(schedule, EverySchedule):
+        out: dict[str, Any] = {"every_ns": schedule.interval_ns}
+        if schedule.starting_at_ns is not None:
+            out["starting_at_ns"] = schedule.starting_at_ns
+        return out
+    if isinstance(schedule, AtSchedule):
+        return {"at_ns": schedule.at_ns}
+    return {"cron": schedule.expression, "time_zone": schedule.time_zone}
+
+
+def _admission(conn: Conn, query: str, params: Sequence[Any]) -> Any:
+    """Run one admission call in its own transaction; PostgreSQL errors become AdmissionError."""
+    try:
+        with conn.transaction():
+            row = conn.execute(query.encode(), params).fetchone()
+    except psycopg.Error as exc:
+        diag = exc.diag
+        text = diag.message_primary or str(exc).splitlines()[0]
+        if diag.message_detail:
+            text += f" ({diag.message_detail})"
+        if diag.message_hint:
+            text += f". Hint: {diag.message_hint}"
+        raise AdmissionError(text, exc.sqlstate or "RX000") from None
+    return row[0] if row else None
+
+
+def create_job(conn: Conn, stmt: CreateJob, *, deadline_ms: int | None = None) -> uuid.UUID:
+    """CREATE JOB; returns the job id (the existing one with IF NOT EXISTS)."""
+    args = [a.to_json() for a in stmt.arguments]
+    result = _admission(
+        conn,
+        "SELECT radix.create_job(%s, %s, %s, %s, %s, %s, %s, %s)",
+        (str(stmt.name), Jsonb(schedule_json(stmt.schedule)), stmt.principal, str(stmt.procedure),
+         Jsonb(args), stmt.enabled, stmt.if_not_exists, deadline_ms or 240_000),
+    )
+    return uuid.UUID(str(result))
+
+
+def alter_job(conn: Conn, name: QualifiedName | str, *, enabled: bool) -> bool:
+    """ALTER JOB … ENABLE/DISABLE; True when the state changed (and definition_version was bumped)."""
+    return bool(_admission(conn, "SELECT radix.alter_job(%s, %s)", (str(name), enabled)))
+
+
+def drop_job(conn: Conn, name: QualifiedName | str, *, if_exists: bool = False, cascade: bool = False) -> bool:
+    """DROP JOB; False when it did not exist (with IF EXISTS)."""
+    return bool(_admission(conn, "SELECT radix.drop_job(%s, %s, %s)", (str(name), if_exists, cascade)))
+
+
+def perform(conn: Conn, stmt: JobStatement) -> str:
+    """Carry out a parsed statement; returns its command tag."""
+    if isinstance(stmt, CreateJob):
+        create_job(conn, stmt)
+        return "CREATE JOB"
+    if isinstance(stmt, AlterJob):
+        alter_job(conn, stmt.name, enabled=stmt.enabled)
+        return "ALTER JOB"
+    drop_job(conn, stmt.name, if_exists=stmt.if_exists, cascade=stmt.cascade)
+    return "DROP JOB"
+
+
+def execute_job_ddl(conn: Conn, text: str) -> str:
+    """Parse and carry out one job DDL statement; returns its command tag."""
+    return perform(conn, ddl.parse_job_statement(text))
+
+
+LIST_COLUMNS = ("name", "schedule", "principal", "procedure", "enabled", "definition_version", "status",
+                "next_run_at")
+
+
+def list_jobs(conn: Conn) -> list[dict[str, Any]]:
+    """The jobs the current role may see (its own; all for a superuser), ordered by name."""
+    with conn.cursor(row_factory=dict_row) as cur:
+        return cur.execute("SELECT * FROM radix.job_overview ORDER BY schema_name, job_name").fetchall()
+
+
+def get_job(conn: Conn, name: QualifiedName | str) -> dict[str, Any] | None:
+    """One job by qualified name (``schema.name``), or None."""
+    with conn.cursor(row_factory=dict_row) as cur:
+        return cur.execute(
+            "SELECT o.* FROM radix.job_overview o, parse_ident(%s) AS p "
+            "WHERE cardinality(p) = 2 AND o.schema_name = p[1] AND o.job_name = p[2]",
+            (str(name),)).fetchone()
+
+
+def job_history(conn: Conn, name: QualifiedName | str, limit: int = 50) -> list[dict[str, Any]]:
+    """The newest attempts of a job, newest first."""
+    with conn.cursor(row_factory=dict_row) as cur:
+        return cur.execute(
+            "SELECT h.* FROM radix.job_history h JOIN radix.job_overview o USING (job_id), parse_ident(%s) p "
+            "WHERE cardinality(p) = 2 AND o.schema_name = p[1] AND o.job_name = p[2] "
+            "ORDER BY h.history_id DESC LIMIT %s", (str(name), limit)).fetchall()
+
+
+def describe_arguments(arguments: list[dict[str, Any]]) -> str:
+    """Arguments as the CALL will pass them: ``name => value::type``."""
+    parts = []
+    for arg in arguments:
+        value = "NULL" if arg.get("value") is None else json.dumps(arg["value"])
+        prefix = f"{arg['name']} => " if arg.get("by_name") else ""
+        parts.append(f"{prefix}{value}::{arg['type']}")
+    return ", ".join(parts)
+

@@ -1,0 +1,62 @@
+"""Cron planning: the database cannot evaluate cron expressions, so due cron ticks are planned here."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+from psycopg.types.json import Jsonb
+
+from radixjobs import schedule
+from radixjobs.errors import ScheduleError
+
+MAX_COALESCE_STEPS = 100_000
+
+DUE_CRON = """
+SELECT s.job_id, s.definition_version, s.planned_ns, s.anchor_ns, j.cron_expression, j.cron_time_zone,
+       radix.to_ns(clock_timestamp()) AS now_ns
+FROM radix.radix_system_job_state s JOIN radix.jobs j USING (job_id)
+WHERE j.schedule_kind = 'cron' AND s.status = 'scheduled'
+  AND (s.planned_ns IS NULL OR s.due_ns <= radix.to_ns(clock_timestamp()))
+FOR UPDATE OF s SKIP LOCKED
+"""
+
+STORE_PLAN = """
+UPDATE radix.radix_system_job_state SET planned_ns = %s, due_ns = %s,
+       coalesced_ticks = coalesced_ticks + %s, status = %s, last_error = %s, updated_at = clock_timestamp()
+WHERE job_id = %s AND definition_version = %s AND status = 'scheduled'
+"""
+
+
+def latest_due_tick(expression: str, time_zone: str, first_ns: int, now_ns: int) -> tuple[int, int]:
+    """(latest cron tick <= now, ticks skipped before it), starting from the due tick ``first_ns``."""
+    tick, skipped = first_ns, 0
+    for _ in range(MAX_COALESCE_STEPS):
+        following = schedule.next_cron_tick(expression, time_zone, tick)
+        if following > now_ns:
+            break
+        tick, skipped = following, skipped + 1
+    return tick, skipped
+
+
+async def plan_cron(conn: psycopg.AsyncConnection[Any]) -> int:
+    """Give every due or unplanned cron job its tick to run (missed ones coalesced); returns skipped count."""
+    skipped_total = 0
+    async with conn.transaction():
+        cur = await conn.execute(DUE_CRON)
+        for job_id, version, planned, anchor, expression, zone, now_ns in await cur.fetchall():
+            try:
+                tick = planned if planned is not None else schedule.next_cron_tick(expression, zone, anchor)
+                status, error = "scheduled", None
+                if tick <= now_ns:
+                    tick, skipped = latest_due_tick(expression, zone, tick, now_ns)
+                    skipped_total += skipped
+                else:
+                    skipped = 0
+            except ScheduleError as exc:
+                tick, skipped, status = planned or anchor, 0, "failed"
+                error = Jsonb({"error": "PL_JOB_ATTEMPT_FAILED", "kind": "invalid_schedule",
+                                                  "category": "data", "message": str(exc)})
+            await conn.execute(STORE_PLAN, (tick, tick if status == "scheduled" else None, skipped, status,
+                                            error, job_id, version))
+    return skipped_total

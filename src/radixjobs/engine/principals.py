@@ -1,0 +1,78 @@
+"""Connections logged in as principals, kept per principal and cleaned before reuse.
+
+Only ``session_user = principal`` keeps procedure code inside the principal's rights: SET ROLE and SET
+SESSION AUTHORIZATION can be undone by the code they would contain (research: postgres-facts §1).
+
+This is a deliberately small idle list rather than psycopg_pool: a login that fails (role dropped,
+NOLOGIN, CONNECT revoked) must fail the attempt at once with PostgreSQL's reason, where a pool would
+retry in the background and time out without it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+import psycopg
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+# A backend whose client vanished (daemon killed) notices within a second and aborts the attempt.
+PRINCIPAL_OPTIONS = "-c client_connection_check_interval=1000"
+
+Conn = psycopg.AsyncConnection[Any]
+
+
+def principal_dsn(dsn: str, principal: str) -> str:
+    """The scheduler's DSN, logged in as ``principal`` (no password carried over)."""
+    params = conninfo_to_dict(dsn)
+    params.pop("password", None)
+    params["user"] = principal
+    params["options"] = PRINCIPAL_OPTIONS
+    params["application_name"] = "radixjobs-attempt"
+    return make_conninfo(**params)  # type: ignore[arg-type]
+
+
+async def clean(conn: Conn) -> bool:
+    """Reset a returned connection; False when it cannot be reused (broken, or identity changed)."""
+    if conn.closed or conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+        return False
+    try:
+        await conn.execute("DISCARD ALL")
+        cur = await conn.execute("SELECT current_user = session_user")
+        row = await cur.fetchone()
+    except psycopg.Error:
+        return False
+    return bool(row and row[0])
+
+
+class PrincipalPools:
+    """Idle connections per principal (at most ``max_idle`` each), opened on demand."""
+
+    def __init__(self, dsn: str, *, max_idle: int):
+        self.dsn = dsn
+        self.max_idle = max_idle
+        self._idle: dict[str, list[Conn]] = {}
+
+    @contextlib.asynccontextmanager
+    async def connection(self, principal: str) -> AsyncIterator[Conn]:
+        """A clean autocommit connection logged in as ``principal``.
+
+        Raises psycopg.OperationalError (PostgreSQL's reason in the message) when it cannot log in.
+        """
+        idle = self._idle.setdefault(principal, [])
+        conn = idle.pop() if idle else await psycopg.AsyncConnection.connect(
+            principal_dsn(self.dsn, principal), autocommit=True)
+        try:
+            yield conn
+        finally:
+            if len(idle) < self.max_idle and await clean(conn):
+                idle.append(conn)
+            else:
+                await conn.close()
+
+    async def close(self) -> None:
+        for idle in self._idle.values():
+            for conn in idle:
+                await conn.close()
+        self._idle.clear()

@@ -1,0 +1,376 @@
+-- 0003: the engine: nodes, claims, attempt frames, exactly-once marker, fenced finalisation.
+--
+-- Time and ownership are decided by the database clock. A claim is a conditional update of the state
+-- row; the lease lasts 5 minutes and every attempt's deadline is shorter. A node is alive while its
+-- control session holds its advisory lock, so a crashed node's claims are resumed within seconds.
+
+CREATE TABLE radix.nodes (
+    node_id     text PRIMARY KEY,
+    lock_key    integer GENERATED ALWAYS AS IDENTITY UNIQUE,
+    hostname    text,
+    pid         integer,
+    started_at  timestamptz NOT NULL DEFAULT clock_timestamp(),
+    last_seen   timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+
+-- One row per attempt in progress, keyed by the principal backend running it. Atomic attempts write
+-- it inside their own transaction (visible only to that backend); non-atomic ones commit it first.
+CREATE TABLE radix.attempt_frames (
+    pid             integer PRIMARY KEY,
+    backend_start   timestamptz NOT NULL,
+    job_id          uuid NOT NULL REFERENCES radix.jobs ON DELETE CASCADE,
+    attempt         integer NOT NULL,
+    planned_ns      bigint NOT NULL,
+    idempotency_key text NOT NULL,
+    lease_token     uuid NOT NULL
+);
+CREATE INDEX attempt_frames_job ON radix.attempt_frames (job_id);
+
+-- Keys that non-atomic procedures have already acted on (radix.once()).
+CREATE TABLE radix.idempotency_keys (
+    idempotency_key text PRIMARY KEY,
+    job_id          uuid NOT NULL REFERENCES radix.jobs ON DELETE CASCADE,
+    created_at      timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+
+ALTER TABLE radix.radix_system_job_state ADD COLUMN atomic_hint boolean;
+CREATE UNIQUE INDEX radix_system_job_history_running
+    ON radix.radix_system_job_history (job_id, planned_ns, attempt) WHERE status = 'running';
+ALTER TABLE radix.radix_system_job_history DROP CONSTRAINT radix_system_job_history_job_id_planned_ns_attempt_key;
+
+REVOKE ALL ON radix.nodes, radix.attempt_frames, radix.idempotency_keys FROM PUBLIC;
+
+-- Advisory lock class of node liveness locks: pg_advisory_lock(radix.node_lock_class(), lock_key).
+CREATE FUNCTION radix.node_lock_class() RETURNS integer LANGUAGE sql IMMUTABLE RETURN 1918986360;
+
+CREATE FUNCTION radix.node_alive(node text) RETURNS boolean
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+RETURN EXISTS (
+    SELECT 1 FROM radix.nodes n JOIN pg_locks l
+      ON l.locktype = 'advisory' AND l.classid = radix.node_lock_class()::oid
+         AND l.objid = n.lock_key::oid AND l.objsubid = 2 AND l.granted
+         AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+    WHERE n.node_id = node);
+
+-- A committed frame whose backend still runs (pid and start time both match).
+CREATE FUNCTION radix.job_has_live_frame(job uuid) RETURNS boolean
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+RETURN EXISTS (
+    SELECT 1 FROM radix.attempt_frames f JOIN pg_stat_activity a
+      ON a.pid = f.pid AND a.backend_start = f.backend_start
+    WHERE f.job_id = job);
+
+-- Register a node (idempotent); returns its advisory lock key. The caller then takes
+-- pg_advisory_lock(radix.node_lock_class(), key) on its control session and keeps it.
+CREATE FUNCTION radix.register_node(node text, host text, os_pid integer) RETURNS integer
+LANGUAGE sql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    INSERT INTO radix.nodes AS n (node_id, hostname, pid) VALUES (node, host, os_pid)
+    ON CONFLICT (node_id) DO UPDATE SET hostname = excluded.hostname, pid = excluded.pid,
+        last_seen = clock_timestamp()
+    RETURNING lock_key
+$$;
+
+-- claim_due: claim up to `max_claims` due ticks for `node`. A row is claimable when it is due
+-- (scheduled / retry_wait with due_ns <= now), or running with a lease that expired or whose node is
+-- dead, and no committed frame of the job has a live backend. Missed interval ticks coalesce to the
+-- latest due one (counted) when a fresh tick starts; a resumed claim keeps its planned time, attempt
+-- number and idempotency key. Each claim writes the state and a 'running' history row together.
+CREATE FUNCTION radix.claim_due(node text, max_claims integer)
+RETURNS TABLE (job_id uuid, definition_version bigint, lease_token uuid, planned_ns bigint,
+               attempt integer, idempotency_key text, resumed boolean, coalesced bigint,
+               anchor_ns bigint)
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    now_ts timestamptz := clock_timestamp();
+    now_ns bigint := radix.to_ns(now_ts);
+BEGIN
+    RETURN QUERY
+    WITH candidates AS (
+        SELECT s.job_id FROM radix.radix_system_job_state s
+        WHERE s.status IN ('scheduled', 'retry_wait', 'running') AND s.due_ns <= now_ns
+          AND s.planned_ns IS NOT NULL
+        UNION
+        SELECT s.job_id FROM radix.radix_system_job_state s
+        WHERE s.status = 'running' AND NOT radix.node_alive(s.lease_node)
+    ), locked AS (
+        SELECT s.*, j.schedule_kind, j.interval_ns
+        FROM radix.radix_system_job_state s JOIN radix.jobs j USING (job_id)
+        WHERE s.job_id IN (SELECT c.job_id FROM candidates c)
+          AND (s.status <> 'running' OR s.lease_expires_at < now_ts OR NOT radix.node_alive(s.lease_node))
+          AND NOT radix.job_has_live_frame(s.job_id)
+        ORDER BY s.due_ns
+        LIMIT max_claims
+        FOR UPDATE OF s SKIP LOCKED
+    ), decided AS (
+        SELECT l.job_id, l.status = 'running' AS resumed,
+               CASE WHEN l.status = 'scheduled' AND l.schedule_kind = 'every' AND l.planned_ns <= now_ns
+                    THEN l.planned_ns + (now_ns - l.planned_ns) / l.interval_ns * l.interval_ns
+                    ELSE l.planned_ns END AS new_planned,
+               l.planned_ns AS old_planned, l.interval_ns, l.schedule_kind, l.status, l.attempt
+        FROM locked l
+    ), claimed AS (
+        UPDATE radix.radix_system_job_state s SET
+            status = 'running',
+            planned_ns = d.new_planned,
+            attempt = CASE WHEN d.resumed THEN greatest(s.attempt, 1) ELSE s.attempt + 1 END,
+            idempotency_key = s.job_id::text || '/' || d.new_planned::text,
+            lease_node = node,
+            lease_token = gen_random_uuid(),
+            lease_expires_at = now_ts + interval '5 minutes',
+            due_ns = radix.to_ns(now_ts + interval '5 minutes'),
+            coalesced_ticks = s.coalesced_ticks + CASE WHEN d.schedule_kind = 'every'
+                THEN (d.new_planned - d.old_planned) / d.interval_ns ELSE 0 END,
+            updated_at = now_ts
+        FROM decided d WHERE s.job_id = d.job_id
+        RETURNING s.job_id, s.definition_version, s.lease_token, s.planned_ns, s.attempt,
+                  s.idempotency_key, d.resumed,
+                  CASE WHEN d.schedule_kind = 'every' THEN (d.new_planned - d.old_planned) / d.interval_ns
+                       ELSE 0 END AS coalesced,
+                  s.anchor_ns
+    ), lost AS (
+        UPDATE radix.radix_system_job_history h SET status = 'lease_lost', finished_at = now_ts,
+            error = jsonb_build_object('error', 'PL_JOB_ATTEMPT_FAILED', 'kind', 'lease_lost',
+                                       'category', 'connection', 'detail',
+                                       jsonb_build_object('scheduler_retryable', true))
+        FROM claimed c
+        WHERE c.resumed AND h.job_id = c.job_id AND h.planned_ns = c.planned_ns
+          AND h.attempt = c.attempt AND h.status = 'running'
+        RETURNING h.job_id
+    ), started AS (
+        INSERT INTO radix.radix_system_job_history
+            (job_id, definition_version, planned_ns, attempt, idempotency_key, status, node)
+        SELECT c.job_id, c.definition_version, c.planned_ns, c.attempt, c.idempotency_key, 'running', node
+        FROM claimed c WHERE NOT c.resumed
+        RETURNING 1
+    )
+    SELECT c.job_id, c.definition_version, c.lease_token, c.planned_ns, c.attempt, c.idempotency_key,
+           c.resumed, c.coalesced, c.anchor_ns
+    FROM claimed c;
+
+    -- resumed claims: the lost row was closed above; the new attempt gets its own row
+    INSERT INTO radix.radix_system_job_history
+        (job_id, definition_version, planned_ns, attempt, idempotency_key, status, node)
+    SELECT s.job_id, s.definition_version, s.planned_ns, s.attempt, s.idempotency_key, 'running', node
+    FROM radix.radix_system_job_state s
+    WHERE s.lease_node = node AND s.status = 'running' AND s.updated_at = now_ts
+      AND NOT EXISTS (SELECT 1 FROM radix.radix_system_job_history h
+                      WHERE h.job_id = s.job_id AND h.planned_ns = s.planned_ns
+                        AND h.attempt = s.attempt AND h.status = 'running');
+    PERFORM radix._prune_history(s.job_id)
+    FROM radix.radix_system_job_state s WHERE s.lease_node = node AND s.updated_at = now_ts;
+END $$;
+
+-- Keep at most 256 history rows per job (called in the transaction that adds one).
+CREATE FUNCTION radix._prune_history(job uuid) RETURNS void
+LANGUAGE sql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    DELETE FROM radix.radix_system_job_history
+    WHERE job_id = job AND history_id <= (
+        SELECT history_id FROM radix.radix_system_job_history WHERE job_id = job
+        ORDER BY history_id DESC OFFSET 256 LIMIT 1)
+$$;
+
+-- The tick's outcome on success: the next planned tick, or complete for a one-time job (or a cron
+-- schedule with no further tick). Fenced by the lease token: returns false when the lease was lost.
+CREATE FUNCTION radix._advance(job uuid, token uuid, next_planned_ns bigint, succeeded boolean,
+                               error jsonb) RETURNS boolean
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    kind text := (SELECT schedule_kind FROM radix.jobs WHERE job_id = job);
+BEGIN
+    UPDATE radix.radix_system_job_state SET
+        status = CASE WHEN kind = 'at' OR next_planned_ns IS NULL
+                      THEN CASE WHEN succeeded THEN 'complete' ELSE 'failed' END
+                      ELSE 'scheduled' END,
+        planned_ns = CASE WHEN kind = 'at' OR next_planned_ns IS NULL THEN planned_ns ELSE next_planned_ns END,
+        due_ns = CASE WHEN kind = 'at' OR next_planned_ns IS NULL THEN NULL ELSE next_planned_ns END,
+        attempt = CASE WHEN kind = 'at' OR next_planned_ns IS NULL THEN attempt ELSE 0 END,
+        idempotency_key = CASE WHEN kind = 'at' OR next_planned_ns IS NULL THEN idempotency_key END,
+        lease_node = NULL, lease_token = NULL, lease_expires_at = NULL,
+        last_error = coalesce(error, CASE WHEN succeeded THEN NULL ELSE last_error END),
+        updated_at = clock_timestamp()
+    WHERE job_id = job AND lease_token = token AND status = 'running';
+    RETURN FOUND;
+END $$;
+
+-- First statement of every attempt, on the connection logged in as the principal. Checks the claim
+-- (by its secret lease token), the identity and the privileges again, and writes the job frame. In an
+-- atomic attempt the KEY SHARE lock taken here is held until COMMIT: claims (FOR UPDATE SKIP LOCKED)
+-- skip the row, so no other node can start this job meanwhile, while ALTER JOB is not blocked.
+CREATE FUNCTION radix.begin_attempt(job uuid, token uuid) RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    s radix.radix_system_job_state;
+    j radix.jobs;
+BEGIN
+    SELECT * INTO s FROM radix.radix_system_job_state
+    WHERE job_id = job AND lease_token = token AND status = 'running' FOR KEY SHARE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'the claim of this attempt is no longer held' USING ERRCODE = 'RXL01';
+    END IF;
+    SELECT * INTO j FROM radix.jobs WHERE job_id = job;
+    IF (SELECT oid FROM pg_roles WHERE rolname = session_user) <> j.principal_oid THEN
+        RAISE EXCEPTION 'permission denied: the attempt is not logged in as its principal'
+            USING ERRCODE = '42501';
+    END IF;
+    IF NOT radix.may_act_as(j.owner_oid, j.principal_oid) THEN
+        RAISE EXCEPTION 'permission denied: the job owner may no longer act as its principal'
+            USING ERRCODE = '42501';
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM pg_proc WHERE oid = j.procedure_oid AND prokind = 'p'
+                   AND oid::regprocedure::text = j.procedure_signature) THEN
+        RAISE EXCEPTION 'procedure % no longer exists', j.procedure_signature USING ERRCODE = '42883';
+    END IF;
+    IF NOT has_database_privilege(j.principal_oid, current_database(), 'CONNECT')
+       OR NOT has_schema_privilege(j.principal_oid,
+                                   (SELECT pronamespace FROM pg_proc WHERE oid = j.procedure_oid), 'USAGE')
+       OR NOT has_function_privilege(j.principal_oid, j.procedure_oid, 'EXECUTE') THEN
+        RAISE EXCEPTION 'permission denied for procedure %', j.procedure_signature USING ERRCODE = '42501';
+    END IF;
+    INSERT INTO radix.attempt_frames AS f
+        (pid, backend_start, job_id, attempt, planned_ns, idempotency_key, lease_token)
+    VALUES (pg_backend_pid(), (SELECT backend_start FROM pg_stat_activity WHERE pid = pg_backend_pid()),
+            job, s.attempt, s.planned_ns, s.idempotency_key, token)
+    ON CONFLICT (pid) DO UPDATE SET backend_start = excluded.backend_start, job_id = excluded.job_id,
+        attempt = excluded.attempt, planned_ns = excluded.planned_ns,
+        idempotency_key = excluded.idempotency_key, lease_token = excluded.lease_token;
+END $$;
+
+-- Last statement of an attempt on the principal's connection. Atomic: marks the tick succeeded in the
+-- attempt's own transaction — fenced by the lease token, so a lost lease (ALTER JOB, expiry, another
+-- node) raises and rolls the procedure's effects back: the effects and the marker commit together or
+-- not at all. Non-atomic: only closes the frame; the scheduler records the outcome.
+CREATE FUNCTION radix.end_attempt(job uuid, token uuid, next_planned_ns bigint, atomic boolean)
+RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    f radix.attempt_frames;
+BEGIN
+    DELETE FROM radix.attempt_frames WHERE pid = pg_backend_pid() AND job_id = job AND lease_token = token
+    RETURNING * INTO f;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'the frame of this attempt is gone' USING ERRCODE = 'RXL01';
+    END IF;
+    IF atomic THEN
+        IF NOT radix._advance(job, token, next_planned_ns, true, NULL) THEN
+            RAISE EXCEPTION 'the claim of this attempt is no longer held' USING ERRCODE = 'RXL01';
+        END IF;
+        UPDATE radix.radix_system_job_history
+        SET status = 'succeeded', atomic = true, finished_at = clock_timestamp()
+        WHERE job_id = job AND planned_ns = f.planned_ns AND attempt = f.attempt AND status = 'running';
+    END IF;
+END $$;
+
+-- finish_attempt: the scheduler records an outcome it observed (failure, retry, or a non-atomic
+-- success), fenced by the lease token. Returns false when the lease was lost (nothing changed).
+--   outcome 'succeeded' | 'retrying' (due again after retry_delay_ns) | 'failed' (terminal for the tick)
+CREATE FUNCTION radix.finish_attempt(job uuid, token uuid, outcome text, error jsonb,
+                                     retry_delay_ns bigint, next_planned_ns bigint,
+                                     atomic boolean, mark_non_atomic boolean)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    s radix.radix_system_job_state;
+    ok boolean;
+BEGIN
+    SELECT * INTO s FROM radix.radix_system_job_state
+    WHERE job_id = job AND lease_token = token AND status = 'running' FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    IF outcome = 'retrying' THEN
+        UPDATE radix.radix_system_job_state SET status = 'retry_wait',
+            due_ns = radix.to_ns(clock_timestamp()) + retry_delay_ns,
+            lease_node = NULL, lease_token = NULL, lease_expires_at = NULL, last_error = error,
+            updated_at = clock_timestamp()
+        WHERE job_id = job;
+    ELSE
+        ok := radix._advance(job, token, next_planned_ns, outcome = 'succeeded', error);
+    END IF;
+    UPDATE radix.radix_system_job_history SET status = outcome, error = finish_attempt.error,
+        finished_at = clock_timestamp(), atomic = finish_attempt.atomic
+    WHERE job_id = job AND planned_ns = s.planned_ns AND attempt = s.attempt AND status = 'running';
+    IF mark_non_atomic THEN
+        UPDATE radix.jobs SET non_atomic = true WHERE job_id = job AND NOT non_atomic;
+    END IF;
+    DELETE FROM radix.attempt_frames WHERE job_id = job AND lease_token = token;
+    RETURN true;
+END $$;
+
+-- release_claims: a node shutting down hands back the claims it holds but is not running.
+CREATE FUNCTION radix.release_claims(node text) RETURNS integer
+LANGUAGE sql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    WITH released AS (
+        UPDATE radix.radix_system_job_state s SET status = CASE WHEN s.attempt > 1 THEN 'retry_wait'
+                                                               ELSE 'scheduled' END,
+            attempt = s.attempt - 1, due_ns = radix.to_ns(clock_timestamp()),
+            lease_node = NULL, lease_token = NULL, lease_expires_at = NULL, updated_at = clock_timestamp()
+        WHERE s.lease_node = node AND s.status = 'running' AND NOT radix.job_has_live_frame(s.job_id)
+        RETURNING s.job_id, s.planned_ns, s.attempt + 1 AS attempt
+    ), closed AS (
+        UPDATE radix.radix_system_job_history h SET status = 'released', finished_at = clock_timestamp()
+        FROM released r WHERE h.job_id = r.job_id AND h.planned_ns = r.planned_ns
+          AND h.attempt = r.attempt AND h.status = 'running'
+        RETURNING 1
+    )
+    SELECT count(*)::integer FROM released
+$$;
+
+-- The job frame, readable (never writable) by the procedure: NULL outside a job attempt.
+CREATE FUNCTION radix._frame() RETURNS radix.attempt_frames
+LANGUAGE sql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+RETURN (SELECT f FROM radix.attempt_frames f JOIN pg_stat_activity a
+          ON a.pid = f.pid AND a.backend_start = f.backend_start
+        WHERE f.pid = pg_backend_pid());
+
+CREATE FUNCTION radix.current_job_id() RETURNS uuid LANGUAGE sql STABLE
+RETURN (radix._frame()).job_id;
+CREATE FUNCTION radix.current_job_attempt() RETURNS integer LANGUAGE sql STABLE
+RETURN (radix._frame()).attempt;
+CREATE FUNCTION radix.current_job_scheduled_at() RETURNS timestamptz LANGUAGE sql STABLE
+RETURN radix.from_ns((radix._frame()).planned_ns);
+CREATE FUNCTION radix.current_idempotency_key() RETURNS text LANGUAGE sql STABLE
+RETURN (radix._frame()).idempotency_key;
+
+-- once(): true the first time the current tick's idempotency key is seen, false after. For procedures
+-- that commit inside (run at-least-once): `IF radix.once() THEN <effect>; END IF; COMMIT;` makes the
+-- effect and the key commit together, so a resumed tick skips it.
+CREATE FUNCTION radix.once() RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    f radix.attempt_frames := radix._frame();
+BEGIN
+    IF f.job_id IS NULL THEN
+        RAISE EXCEPTION 'radix.once() can only be called inside a job attempt' USING ERRCODE = '55000';
+    END IF;
+    INSERT INTO radix.idempotency_keys (idempotency_key, job_id) VALUES (f.idempotency_key, f.job_id)
+    ON CONFLICT DO NOTHING;
+    RETURN FOUND;
+END $$;
+
+REVOKE ALL ON FUNCTION radix.register_node(text, text, integer), radix.claim_due(text, integer),
+    radix._prune_history(uuid), radix._advance(uuid, uuid, bigint, boolean, jsonb),
+    radix.finish_attempt(uuid, uuid, text, jsonb, bigint, bigint, boolean, boolean), radix.release_claims(text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION radix.begin_attempt(uuid, uuid), radix.end_attempt(uuid, uuid, bigint, boolean),
+    radix.current_job_id(), radix.current_job_attempt(), radix.current_job_scheduled_at(),
+    radix.current_idempotency_key(), radix.once(), radix._frame() TO PUBLIC;

@@ -1,0 +1,625 @@
+-- 0004: CRON_TABLE documents (the DocScheduler front-end, SPEC §6): storage, validation, admission,
+-- system processes and the scheduler's verbs.
+--
+-- A document {"dockind": "CRON_TABLE", "status": ..., "props": {...}} is one row of radix.cron_table:
+-- `props` holds the definition as the user gave it (maintained properties are never stored there, RUN_AS
+-- is resolved), typed columns hold what the scheduler maintains. Documents are written only through
+-- radix.apply_document(s), which validate the WHOLE input and name every problem before writing
+-- anything; the Python API checks the same rules first (documents/model.py: keep the texts identical).
+
+CREATE TABLE radix.cron_table (
+    num              text PRIMARY KEY,
+    dockind          text NOT NULL DEFAULT 'CRON_TABLE' CHECK (dockind = 'CRON_TABLE'),
+    status           text NOT NULL CHECK (status IN
+                       ('CRON_TABLE_ACTIVE', 'CRON_TABLE_PASSIVE', 'CRON_TABLE_ERROR')),
+    props            jsonb NOT NULL,
+    owner_oid        oid NOT NULL,          -- the role that created the document
+    writer_oid       oid NOT NULL,          -- the role whose apply last changed it: RUN_AS was checked for it
+    principal_oid    oid NOT NULL,          -- RUN_AS
+    version          bigint NOT NULL DEFAULT 1,
+    first_run        timestamptz,
+    -- maintained by the scheduler
+    sys_process_id   bigint,
+    count_error      integer NOT NULL DEFAULT 0,
+    last_run         timestamptz,
+    next_run         timestamptz,
+    daily_start_time timestamptz,
+    daily_end_time   timestamptz,
+    error_text       text,
+    created_at       timestamptz NOT NULL DEFAULT clock_timestamp(),
+    updated_at       timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+
+CREATE TABLE radix.sys_processes (
+    id          bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    task_num    text NOT NULL REFERENCES radix.cron_table ON DELETE CASCADE,
+    doc_version bigint NOT NULL,
+    type        text NOT NULL CHECK (type IN ('db', 'csp')),
+    target      text NOT NULL,
+    params      jsonb,
+    status      text NOT NULL DEFAULT 'running' CHECK (status IN ('running', 'completed', 'failed')),
+    error_text  text,
+    started_at  timestamptz NOT NULL,
+    finished_at timestamptz,
+    node        text NOT NULL
+);
+CREATE INDEX sys_processes_task ON radix.sys_processes (task_num, id);
+
+REVOKE ALL ON radix.cron_table, radix.sys_processes FROM PUBLIC;
+
+-- Every change of a document or of a process's status wakes the schedulers at once (the seed's
+-- reload on change and trgProcessChanged); the payload is the task's NUM.
+CREATE FUNCTION radix._notify_document() RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF TG_OP = 'DELETE' THEN
+        PERFORM pg_notify('radix_documents', OLD.num);
+    ELSE
+        PERFORM pg_notify('radix_documents', NEW.num);
+    END IF;
+    RETURN NULL;
+END $$;
+
+CREATE FUNCTION radix._notify_process() RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM pg_notify('radix_documents', NEW.task_num);
+    RETURN NULL;
+END $$;
+
+CREATE TRIGGER "trgCronTableChanged" AFTER INSERT OR UPDATE OR DELETE ON radix.cron_table
+    FOR EACH ROW EXECUTE FUNCTION radix._notify_document();
+CREATE TRIGGER "trgProcessChanged" AFTER INSERT OR UPDATE OF status ON radix.sys_processes
+    FOR EACH ROW EXECUTE FUNCTION radix._notify_process();
+
+-- -- validation ---------------------------------------------------------------------------------------
+
+CREATE FUNCTION radix._doc_present(v jsonb) RETURNS boolean
+LANGUAGE sql IMMUTABLE
+RETURN v IS NOT NULL AND jsonb_typeof(v) <> 'null';
+
+-- The task key of a document: an integer NUM as its digits, a string NUM as given; NULL when invalid.
+CREATE FUNCTION radix.document_num(doc jsonb) RETURNS text
+LANGUAGE sql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+RETURN (SELECT CASE
+          WHEN jsonb_typeof(n) = 'number' AND n::text ~ '^-?[0-9]{1,100}$' THEN n::text
+          WHEN jsonb_typeof(n) = 'string' AND btrim(n #>> '{}') <> '' AND length(n #>> '{}') <= 100
+               THEN n #>> '{}'
+        END
+        FROM (SELECT CASE WHEN jsonb_typeof(doc) = 'object' AND jsonb_typeof(doc->'props') = 'object'
+                          THEN doc->'props'->'NUM' END AS n) x);
+
+-- Is `name` a function name: `name` or `schema.name`, PostgreSQL identifier rules, each part <= 63 bytes?
+CREATE FUNCTION radix._doc_function_name_ok(name text) RETURNS boolean
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    parts text[];
+BEGIN
+    parts := parse_ident(name);
+    RETURN cardinality(parts) IN (1, 2) AND (SELECT bool_and(octet_length(p) <= 63) FROM unnest(parts) p);
+EXCEPTION WHEN OTHERS THEN
+    RETURN false;
+END $$;
+
+CREATE FUNCTION radix._doc_json_text_ok(s text) RETURNS boolean
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM s::jsonb;
+    RETURN true;
+EXCEPTION WHEN OTHERS THEN
+    RETURN false;
+END $$;
+
+CREATE FUNCTION radix._doc_timestamp_ok(s text) RETURNS boolean
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+SET TimeZone = 'UTC'
+AS $$
+BEGIN
+    IF s !~ '^[0-9]{4}-[0-9]{2}-[0-9]{2}([T ][0-9]{2}:[0-9]{2}(:[0-9]{2}(\.[0-9]{1,6})?)?(Z|[+-][0-9]{2}(:?[0-9]{2})?)?)?$' THEN
+        RETURN false;
+    END IF;
+    PERFORM s::timestamptz;
+    RETURN true;
+EXCEPTION WHEN OTHERS THEN
+    RETURN false;
+END $$;
+
+-- Every structural problem of one document, in a fixed order (empty: valid). Pure: no catalog
+-- lookups; RUN_AS and ownership are checked by the apply functions. Texts match documents/model.py.
+CREATE FUNCTION radix.document_problems(doc jsonb) RETURNS text[]
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    known text[] := ARRAY['NUM', 'DESCR', 'DB_FUNCTION', 'CSP_SERVICE', 'CSP_SERVICE_PARAMS', 'INTERVAL',
+                          'INTERVAL_ERROR', 'MAX_COUNT_ERROR', 'FIRST_RUN', 'RUN_AS', 'PERIODICAL_RUN',
+                          'DEL_ON_FINISH', 'SYS_PROCESS_ID', 'COUNT_ERROR', 'LAST_RUN', 'NEXT_RUN',
+                          'DAILY_START_TIME', 'DAILY_END_TIME', 'ERROR_TEXT'];
+    statuses text := 'CRON_TABLE_ACTIVE, CRON_TABLE_PASSIVE or CRON_TABLE_ERROR';
+    out text[] := '{}';
+    p jsonb;
+    v jsonb;
+    k text;
+    has_db boolean;
+    has_csp boolean;
+BEGIN
+    IF jsonb_typeof(doc) IS DISTINCT FROM 'object' THEN
+        RETURN ARRAY['a document must be a JSON object'];
+    END IF;
+    FOR k IN SELECT key FROM jsonb_object_keys(doc) key
+             WHERE key NOT IN ('dockind', 'status', 'props') ORDER BY key COLLATE "C" LOOP
+        out := out || format('unknown key %s (a document has dockind, status and props)', quote_literal(k));
+    END LOOP;
+    v := doc->'dockind';
+    IF NOT radix._doc_present(v) THEN
+        out := out || 'dockind is missing'::text;
+    ELSIF v IS DISTINCT FROM '"CRON_TABLE"' THEN
+        out := out || ('dockind must be ''CRON_TABLE'''
+                       || CASE WHEN jsonb_typeof(v) = 'string' THEN ', not ' || quote_literal(v #>> '{}') ELSE '' END);
+    END IF;
+    v := doc->'status';
+    IF NOT radix._doc_present(v) THEN
+        out := out || ('status is missing (' || statuses || ')');
+    ELSIF jsonb_typeof(v) <> 'string'
+          OR v #>> '{}' NOT IN ('CRON_TABLE_ACTIVE', 'CRON_TABLE_PASSIVE', 'CRON_TABLE_ERROR') THEN
+        out := out || ('status must be ' || statuses
+                       || CASE WHEN jsonb_typeof(v) = 'string' THEN ', not ' || quote_literal(v #>> '{}') ELSE '' END);
+    END IF;
+    p := doc->'props';
+    IF NOT radix._doc_present(p) THEN
+        RETURN out || 'props is missing'::text;
+    ELSIF jsonb_typeof(p) <> 'object' THEN
+        RETURN out || 'props must be a JSON object'::text;
+    END IF;
+
+    FOR k IN SELECT key FROM jsonb_object_keys(p) key WHERE key <> ALL (known) ORDER BY key COLLATE "C" LOOP
+        out := out || (format('unknown property %s', quote_literal(k))
+                       || CASE WHEN upper(k) = ANY (known)
+                               THEN format(' (property names are upper case: %s)', upper(k)) ELSE '' END);
+    END LOOP;
+    IF NOT radix._doc_present(p->'NUM') THEN
+        out := out || 'NUM is missing'::text;
+    ELSIF radix.document_num(doc) IS NULL THEN
+        out := out || 'NUM must be an integer or a non-empty string (at most 100 characters)'::text;
+    END IF;
+    IF radix._doc_present(p->'DESCR') AND jsonb_typeof(p->'DESCR') <> 'string' THEN
+        out := out || 'DESCR must be a string'::text;
+    END IF;
+    has_db := radix._doc_present(p->'DB_FUNCTION');
+    has_csp := radix._doc_present(p->'CSP_SERVICE');
+    IF NOT has_db AND NOT has_csp THEN
+        out := out || 'one of DB_FUNCTION and CSP_SERVICE is required'::text;
+    ELSIF has_db AND has_csp THEN
+        out := out || 'DB_FUNCTION and CSP_SERVICE exclude each other: give exactly one'::text;
+    END IF;
+    v := p->'DB_FUNCTION';
+    IF has_db AND jsonb_typeof(v) <> 'string' THEN
+        out := out || 'DB_FUNCTION must be a string'::text;
+    ELSIF has_db AND NOT radix._doc_function_name_ok(v #>> '{}') THEN
+        out := out || format('DB_FUNCTION must be a function name (name or schema.name), not %s',
+                             quote_literal(v #>> '{}'));
+    END IF;
+    IF has_csp AND (jsonb_typeof(p->'CSP_SERVICE') <> 'string' OR btrim(p->>'CSP_SERVICE') = '') THEN
+        out := out || 'CSP_SERVICE must be a non-empty string'::text;
+    END IF;
+    v := p->'CSP_SERVICE_PARAMS';
+    IF radix._doc_present(v) THEN
+        IF NOT has_csp THEN
+            out := out || 'CSP_SERVICE_PARAMS is only used with CSP_SERVICE'::text;
+        END IF;
+        IF jsonb_typeof(v) = 'string' AND NOT radix._doc_json_text_ok(v #>> '{}') THEN
+            out := out || 'CSP_SERVICE_PARAMS is a string but not valid JSON'::text;
+        ELSIF jsonb_typeof(v) NOT IN ('string', 'object', 'array') THEN
+            out := out || 'CSP_SERVICE_PARAMS must be a JSON object or array, or a string holding JSON'::text;
+        END IF;
+    END IF;
+    FOREACH k IN ARRAY ARRAY['INTERVAL', 'INTERVAL_ERROR'] LOOP
+        IF radix._doc_present(p->k) AND jsonb_typeof(p->k) <> 'string' THEN
+            out := out || (k || ' must be a string (a SQL expression)');
+        END IF;
+    END LOOP;
+    v := p->'MAX_COUNT_ERROR';
+    IF radix._doc_present(v) AND NOT (jsonb_typeof(v) = 'number' AND v::text ~ '^[0-9]{1,10}$'
+                                      AND v::text::bigint <= 2147483647) THEN
+        out := out || 'MAX_COUNT_ERROR must be an integer from 0 to 2147483647'::text;
+    END IF;
+    v := p->'FIRST_RUN';
+    IF radix._doc_present(v) AND NOT (jsonb_typeof(v) = 'string' AND radix._doc_timestamp_ok(v #>> '{}')) THEN
+        out := out || ('FIRST_RUN must be an ISO-8601 timestamp such as 2025-01-01T00:00:00'
+                       || CASE WHEN jsonb_typeof(v) = 'string' THEN ', not ' || quote_literal(v #>> '{}') ELSE '' END);
+    END IF;
+    v := p->'RUN_AS';
+    IF radix._doc_present(v) AND (jsonb_typeof(v) <> 'string' OR btrim(v #>> '{}') = '') THEN
+        out := out || 'RUN_AS must be a role name'::text;
+    END IF;
+    RETURN out;
+END $$;
+
+-- -- admission ------------------------------------------------------------------------------------------
+
+CREATE FUNCTION radix._doc_prefix(doc jsonb, pos integer, single boolean) RETURNS text
+LANGUAGE sql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+RETURN CASE WHEN single THEN coalesce('NUM ' || radix.document_num(doc) || ': ', '')
+            ELSE 'document ' || pos || coalesce(' (NUM ' || radix.document_num(doc) || ')', '') || ': ' END;
+
+-- What `caller` may not do with a structurally valid document: RUN_AS (exists, may act as it, can log
+-- in) and ownership of an existing document. Returns (problem, is_permission) rows.
+CREATE FUNCTION radix._doc_access_problems(caller oid, doc jsonb)
+RETURNS TABLE (problem text, permission boolean)
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    run_as text := coalesce(doc->'props'->>'RUN_AS', (SELECT rolname FROM pg_roles WHERE oid = caller));
+    principal pg_roles;
+    owner oid := (SELECT owner_oid FROM radix.cron_table WHERE num = radix.document_num(doc));
+BEGIN
+    IF owner IS NOT NULL AND NOT (SELECT rolsuper FROM pg_roles WHERE oid = caller)
+       AND NOT (EXISTS (SELECT 1 FROM pg_roles WHERE oid = owner) AND pg_has_role(caller, owner, 'MEMBER')) THEN
+        RETURN QUERY SELECT format('permission denied: task %s belongs to role %s; only its owner (or a member '
+                                   'of it) may change it', radix.document_num(doc), pg_get_userbyid(owner)), true;
+    END IF;
+    SELECT * INTO principal FROM pg_roles WHERE rolname = run_as;
+    IF NOT FOUND THEN
+        RETURN QUERY SELECT format('RUN_AS role %s does not exist', quote_literal(run_as)), false;
+    ELSIF NOT radix.may_act_as(caller, principal.oid) THEN
+        RETURN QUERY SELECT CASE WHEN principal.rolsuper
+            THEN format('permission denied to run as superuser %s: only superusers may', quote_ident(run_as))
+            ELSE format('permission denied to run as role %s: the writer must be able to SET ROLE to it',
+                        quote_ident(run_as)) END, true;
+    ELSIF NOT principal.rolcanlogin THEN
+        RETURN QUERY SELECT format('role %s cannot log in: tasks run on a connection logged in as RUN_AS '
+                                   '(ALTER ROLE %s LOGIN)', quote_ident(run_as), quote_ident(run_as)), false;
+    END IF;
+END $$;
+
+-- Write one checked document (its key is locked by the caller). Identical definition and status:
+-- nothing changes. Otherwise the version goes up; a status set back to ACTIVE re-arms the task
+-- (error counter, error text and NEXT_RUN cleared: due at FIRST_RUN, or now). Run state is kept.
+CREATE FUNCTION radix._doc_write(caller oid, doc jsonb) RETURNS jsonb
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+SET TimeZone = 'UTC'
+AS $$
+DECLARE
+    maintained text[] := ARRAY['SYS_PROCESS_ID', 'COUNT_ERROR', 'LAST_RUN', 'NEXT_RUN', 'DAILY_START_TIME',
+                               'DAILY_END_TIME', 'ERROR_TEXT'];
+    key text := radix.document_num(doc);
+    principal pg_roles;
+    props jsonb;
+    status text := doc->>'status';
+    ignored jsonb := (SELECT coalesce(jsonb_agg(k ORDER BY k COLLATE "C"), '[]')
+                      FROM jsonb_object_keys(doc->'props') k WHERE k = ANY (maintained));
+    old radix.cron_table;
+    rearm boolean;
+BEGIN
+    SELECT * INTO principal FROM pg_roles
+    WHERE rolname = coalesce(doc->'props'->>'RUN_AS', (SELECT rolname FROM pg_roles WHERE oid = caller));
+    props := (SELECT coalesce(jsonb_object_agg(k, v), '{}') FROM jsonb_each(doc->'props') AS e(k, v)
+              WHERE k <> ALL (maintained) AND jsonb_typeof(v) <> 'null')
+             || jsonb_build_object('RUN_AS', principal.rolname);
+    SELECT * INTO old FROM radix.cron_table WHERE num = key FOR UPDATE;
+    IF NOT FOUND THEN
+        INSERT INTO radix.cron_table (num, status, props, owner_oid, writer_oid, principal_oid, first_run)
+        VALUES (key, status, props, caller, caller, principal.oid, (props->>'FIRST_RUN')::timestamptz);
+        RETURN jsonb_build_object('num', key, 'action', 'created', 'version', 1, 'ignored', ignored);
+    END IF;
+    IF old.props = props AND old.status = status THEN
+        RETURN jsonb_build_object('num', key, 'action', 'unchanged', 'version', old.version, 'ignored', ignored);
+    END IF;
+    rearm := status = 'CRON_TABLE_ACTIVE' AND old.status <> 'CRON_TABLE_ACTIVE';
+    UPDATE radix.cron_table c SET
+        status = _doc_write.status, props = _doc_write.props, writer_oid = caller,
+        principal_oid = principal.oid, version = c.version + 1,
+        first_run = (_doc_write.props->>'FIRST_RUN')::timestamptz,
+        count_error = CASE WHEN rearm THEN 0 ELSE c.count_error END,
+        error_text = CASE WHEN rearm THEN NULL ELSE c.error_text END,
+        next_run = CASE WHEN rearm THEN NULL ELSE c.next_run END,
+        updated_at = clock_timestamp()
+    WHERE c.num = key;
+    RETURN jsonb_build_object('num', key, 'action', 'updated', 'version', old.version + 1, 'ignored', ignored);
+END $$;
+
+-- Apply a list of documents all-or-nothing: every problem of every document is named in one error
+-- (DETAIL, one per line), or all are written. `single` only changes how problems are prefixed.
+CREATE FUNCTION radix._apply_documents(creator name, docs jsonb, single boolean) RETURNS jsonb
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    caller oid := radix._caller(creator);
+    problems text[] := '{}';
+    permission boolean := false;
+    d record;
+    a record;
+    results jsonb := '[]';
+BEGIN
+    IF jsonb_typeof(docs) IS DISTINCT FROM 'array' THEN
+        RAISE EXCEPTION 'documents must be a JSON object or a list of objects' USING ERRCODE = '22023';
+    END IF;
+    FOR d IN SELECT e, n::integer AS n FROM jsonb_array_elements(docs) WITH ORDINALITY AS x(e, n) LOOP
+        problems := problems || ARRAY(SELECT radix._doc_prefix(d.e, d.n, single) || m
+                                      FROM unnest(radix.document_problems(d.e)) m);
+    END LOOP;
+    problems := problems || ARRAY(
+        SELECT format('NUM %s appears more than once (documents %s)', k,
+                      array_to_string(array_agg(n ORDER BY n), ', '))
+        FROM (SELECT radix.document_num(e) AS k, n FROM jsonb_array_elements(docs) WITH ORDINALITY AS x(e, n)) s
+        WHERE k IS NOT NULL GROUP BY k HAVING count(*) > 1 ORDER BY min(n));
+    IF cardinality(problems) = 0 THEN
+        -- lock every key in one order (concurrent lists cannot deadlock), then check access
+        PERFORM pg_advisory_xact_lock(hashtext('radix.doc:' || k))
+        FROM (SELECT radix.document_num(e) AS k FROM jsonb_array_elements(docs) e
+              ORDER BY radix.document_num(e) COLLATE "C") s;
+        FOR d IN SELECT e, n::integer AS n FROM jsonb_array_elements(docs) WITH ORDINALITY AS x(e, n) LOOP
+            FOR a IN SELECT * FROM radix._doc_access_problems(caller, d.e) LOOP
+                problems := problems || (radix._doc_prefix(d.e, d.n, single) || a.problem);
+                permission := permission OR a.permission;
+            END LOOP;
+        END LOOP;
+    END IF;
+    IF cardinality(problems) > 0 THEN
+        RAISE EXCEPTION '%', CASE WHEN cardinality(problems) = 1 THEN 'CRON_TABLE document rejected: ' || problems[1]
+                                  ELSE format('CRON_TABLE document rejected: %s problems', cardinality(problems)) END
+            USING ERRCODE = CASE WHEN permission THEN '42501' ELSE '22023' END,
+                  DETAIL = array_to_string(problems, E'\n');
+    END IF;
+    FOR d IN SELECT e FROM jsonb_array_elements(docs) e LOOP
+        results := results || radix._doc_write(caller, d.e);
+    END LOOP;
+    RETURN results;
+END $$;
+
+-- Public entry points (SECURITY INVOKER): the calling role is current_user at the call site.
+-- apply_document returns {"num", "action": created | updated | unchanged, "version", "ignored": [...]}.
+CREATE FUNCTION radix.apply_document(doc jsonb) RETURNS jsonb LANGUAGE sql VOLATILE
+RETURN radix._apply_documents(current_user, jsonb_build_array(doc), true) -> 0;
+
+CREATE FUNCTION radix.apply_documents(docs jsonb) RETURNS jsonb LANGUAGE sql VOLATILE
+RETURN radix._apply_documents(current_user,
+                              CASE WHEN jsonb_typeof(docs) = 'object' THEN jsonb_build_array(docs) ELSE docs END,
+                              jsonb_typeof(docs) = 'object');
+
+-- What a role may see: the documents it owns (directly or by membership); all for superusers.
+CREATE FUNCTION radix._doc_visible(owner oid) RETURNS boolean
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+RETURN CASE WHEN (SELECT rolsuper FROM pg_roles WHERE rolname = current_user) THEN true
+            WHEN NOT EXISTS (SELECT 1 FROM pg_roles WHERE oid = owner) THEN false
+            ELSE pg_has_role(current_user, owner, 'MEMBER') END;
+
+CREATE VIEW radix.document_overview WITH (security_barrier) AS
+SELECT c.num, c.dockind, c.status, c.props, pg_get_userbyid(c.owner_oid) AS owner,
+       pg_get_userbyid(c.principal_oid) AS principal, c.version, c.first_run, c.sys_process_id,
+       c.count_error, c.last_run, c.next_run, c.daily_start_time, c.daily_end_time, c.error_text,
+       CASE WHEN c.status = 'CRON_TABLE_ACTIVE' THEN coalesce(c.next_run, c.first_run) END AS next_run_at,
+       c.created_at, c.updated_at
+FROM radix.cron_table c
+WHERE radix._doc_visible(c.owner_oid);
+
+CREATE VIEW radix.document_processes WITH (security_barrier) AS
+SELECT p.id, p.task_num AS num, p.doc_version, p.type, p.target, p.params, p.status, p.error_text,
+       p.started_at, p.finished_at, p.finished_at - p.started_at AS duration, p.node
+FROM radix.sys_processes p JOIN radix.cron_table c ON c.num = p.task_num
+WHERE radix._doc_visible(c.owner_oid);
+
+-- -- scheduler verbs (the scheduler's own role only) ---------------------------------------------------
+-- `at_ts` is the scheduler's clock (NULL: the database clock). A process is live while it is running
+-- and its node is alive; this node's own processes are live only while it runs them (`in_flight`).
+
+-- Why the task may not run as its principal now (NULL: it may): checked at every start and finish.
+CREATE FUNCTION radix._doc_refusal(c radix.cron_table) RETURNS text
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+RETURN (SELECT CASE
+          WHEN r.oid IS NULL THEN 'RUN_AS role no longer exists'
+          WHEN NOT EXISTS (SELECT 1 FROM pg_roles WHERE oid = c.writer_oid)
+               OR NOT radix.may_act_as(c.writer_oid, c.principal_oid)
+               THEN 'permission denied: the document''s writer may no longer act as RUN_AS'
+          WHEN NOT r.rolcanlogin THEN format('role %s cannot log in', quote_ident(r.rolname))
+        END
+        FROM (SELECT 1) one LEFT JOIN pg_roles r ON r.oid = c.principal_oid);
+
+-- The ACTIVE tasks the decision table must look at: due ones, and ones with a recorded process.
+CREATE FUNCTION radix.doc_candidates(at_ts timestamptz, my_node text, in_flight bigint[])
+RETURNS TABLE (num text, version bigint, due_at timestamptz, sys_process_id bigint, process_status text,
+               process_live boolean, process_error text, now_ts timestamptz)
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT c.num, c.version, coalesce(c.next_run, c.first_run), c.sys_process_id, p.status,
+           p.status = 'running' AND CASE WHEN p.node = my_node THEN p.id = ANY (in_flight)
+                                         ELSE radix.node_alive(p.node) END,
+           p.error_text, t.now_ts
+    FROM (SELECT coalesce(at_ts, clock_timestamp()) AS now_ts) t
+         CROSS JOIN radix.cron_table c LEFT JOIN radix.sys_processes p ON p.id = c.sys_process_id
+    WHERE c.status = 'CRON_TABLE_ACTIVE'
+      AND (c.sys_process_id IS NOT NULL OR coalesce(c.next_run, c.first_run, '-infinity') <= t.now_ts)
+    ORDER BY coalesce(c.next_run, c.first_run, '-infinity'), c.num
+$$;
+
+-- Seconds until the earliest idle ACTIVE task is due (0: now, or a recorded process needs a look);
+-- NULL when nothing is planned.
+CREATE FUNCTION radix.doc_next_due_in(at_ts timestamptz, my_node text, in_flight bigint[]) RETURNS float8
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT greatest(0, extract(epoch FROM min(CASE
+               WHEN c.sys_process_id IS NULL THEN coalesce(c.next_run, c.first_run, t.now_ts)
+               WHEN p.status IS DISTINCT FROM 'running' THEN t.now_ts
+               WHEN p.node = my_node AND NOT p.id = ANY (in_flight) THEN t.now_ts
+               WHEN p.node <> my_node AND NOT radix.node_alive(p.node) THEN t.now_ts
+           END) - t.now_ts))::float8
+    FROM (SELECT coalesce(at_ts, clock_timestamp()) AS now_ts) t
+         CROSS JOIN radix.cron_table c LEFT JOIN radix.sys_processes p ON p.id = c.sys_process_id
+    WHERE c.status = 'CRON_TABLE_ACTIVE'
+    GROUP BY t.now_ts
+$$;
+
+-- Start a run (the seed's _runTask): fenced by the process the decision saw (`expected_process`), the
+-- status and the due time, so two schedulers never start one task twice. A replaced process that is
+-- still marked running (its node died) is closed as failed. Creates the system process, records it in
+-- SYS_PROCESS_ID and DAILY_START_TIME; `refusal` says why it must not run as its principal (it then
+-- fails without running). No row: someone else holds or started the task.
+CREATE FUNCTION radix.doc_start(task text, expected_process bigint, my_node text, at_ts timestamptz)
+RETURNS TABLE (process_id bigint, kind text, target text, params jsonb, principal name, refusal text,
+               started_at timestamptz, version bigint)
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    c radix.cron_table;
+    old radix.sys_processes;
+    now_ts timestamptz := coalesce(at_ts, clock_timestamp());
+    pid bigint;
+    proc_kind text;
+BEGIN
+    SELECT * INTO c FROM radix.cron_table t WHERE t.num = task FOR UPDATE SKIP LOCKED;
+    IF NOT FOUND OR c.status <> 'CRON_TABLE_ACTIVE' OR c.sys_process_id IS DISTINCT FROM expected_process
+       OR coalesce(c.next_run, c.first_run, '-infinity') > now_ts THEN
+        RETURN;
+    END IF;
+    IF expected_process IS NOT NULL THEN
+        SELECT * INTO old FROM radix.sys_processes p WHERE p.id = expected_process FOR UPDATE;
+        IF FOUND AND old.status <> 'running' THEN
+            RETURN;  -- finished meanwhile: it is to be finished, not restarted
+        END IF;
+        IF FOUND AND old.node <> my_node AND radix.node_alive(old.node) THEN
+            RETURN;
+        END IF;
+        UPDATE radix.sys_processes p SET status = 'failed', finished_at = now_ts,
+            error_text = format('abandoned: node %s stopped before the process finished', p.node)
+        WHERE p.id = expected_process AND p.status = 'running';
+    END IF;
+    proc_kind := CASE WHEN c.props ? 'DB_FUNCTION' THEN 'db' ELSE 'csp' END;
+    INSERT INTO radix.sys_processes (task_num, doc_version, type, target, params, started_at, node)
+    VALUES (c.num, c.version, proc_kind,
+            CASE proc_kind WHEN 'db' THEN c.props->>'DB_FUNCTION' ELSE c.props->>'CSP_SERVICE' END,
+            CASE WHEN jsonb_typeof(c.props->'CSP_SERVICE_PARAMS') = 'string'
+                 THEN (c.props->>'CSP_SERVICE_PARAMS')::jsonb ELSE c.props->'CSP_SERVICE_PARAMS' END,
+            now_ts, my_node)
+    RETURNING id INTO pid;
+    UPDATE radix.cron_table t SET sys_process_id = pid, daily_start_time = now_ts, updated_at = now_ts
+    WHERE t.num = c.num;
+    -- keep the newest 256 processes per task
+    DELETE FROM radix.sys_processes p WHERE p.task_num = c.num AND p.id <= (
+        SELECT q.id FROM radix.sys_processes q WHERE q.task_num = c.num ORDER BY q.id DESC OFFSET 256 LIMIT 1);
+    RETURN QUERY SELECT pid, proc_kind, p.target, p.params, pg_get_userbyid(c.principal_oid)::name,
+                        radix._doc_refusal(c), now_ts, c.version
+    FROM radix.sys_processes p WHERE p.id = pid;
+END $$;
+
+-- Record a process's outcome (completed / failed). NULL when it was no longer running (another node
+-- took the task over): the caller then stops. Returns the finish time.
+CREATE FUNCTION radix.doc_record(process bigint, succeeded boolean, error text, at_ts timestamptz)
+RETURNS timestamptz
+LANGUAGE sql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    UPDATE radix.sys_processes SET status = CASE WHEN succeeded THEN 'completed' ELSE 'failed' END,
+        error_text = error, finished_at = coalesce(at_ts, clock_timestamp())
+    WHERE id = process AND status = 'running'
+    RETURNING finished_at
+$$;
+
+-- What the finish of `process` needs; no row when the task no longer records that process.
+CREATE FUNCTION radix.doc_finish_state(task text, process bigint)
+RETURNS TABLE (version bigint, status text, props jsonb, count_error integer, daily_start_time timestamptz,
+               principal name, refusal text, process_status text, process_error text,
+               process_finished_at timestamptz)
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT c.version, c.status, c.props, c.count_error, c.daily_start_time,
+           pg_get_userbyid(c.principal_oid)::name, radix._doc_refusal(c), p.status, p.error_text, p.finished_at
+    FROM radix.cron_table c JOIN radix.sys_processes p ON p.id = c.sys_process_id
+    WHERE c.num = task AND c.sys_process_id = process
+$$;
+
+-- Finish a run (the seed's _finishTask) in one transaction: SYS_PROCESS_ID cleared, DAILY_END_TIME,
+-- LAST_RUN, ERROR_TEXT, NEXT_RUN and COUNT_ERROR written; the status changes only while ACTIVE (a
+-- user's PASSIVE/ERROR wins). Fenced by the process and the definition version:
+-- 'done', 'stale' (the document changed meanwhile: decide again) or 'lost' (no longer ours).
+CREATE FUNCTION radix.doc_finish(task text, process bigint, expected_version bigint, new_status text,
+                                 next_run timestamptz, count_error integer, error text, at_ts timestamptz)
+RETURNS text
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    c radix.cron_table;
+    now_ts timestamptz := coalesce(at_ts, clock_timestamp());
+BEGIN
+    SELECT * INTO c FROM radix.cron_table t WHERE t.num = task FOR UPDATE;
+    IF NOT FOUND OR c.sys_process_id IS DISTINCT FROM process THEN
+        RETURN 'lost';
+    END IF;
+    IF c.version <> expected_version THEN
+        RETURN 'stale';
+    END IF;
+    UPDATE radix.cron_table t SET sys_process_id = NULL, daily_end_time = now_ts,
+        last_run = t.daily_start_time, error_text = error, next_run = doc_finish.next_run,
+        count_error = doc_finish.count_error,
+        status = CASE WHEN t.status = 'CRON_TABLE_ACTIVE' THEN new_status ELSE t.status END,
+        updated_at = now_ts
+    WHERE t.num = task;
+    RETURN 'done';
+END $$;
+
+-- Full-reload housekeeping: a task that is no longer ACTIVE but still records a process that ended
+-- (or whose node died) is released: the process is closed, SYS_PROCESS_ID cleared. Returns the count.
+CREATE FUNCTION radix.doc_release_inactive(my_node text, in_flight bigint[], at_ts timestamptz)
+RETURNS integer
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    now_ts timestamptz := coalesce(at_ts, clock_timestamp());
+    released integer;
+BEGIN
+    WITH stale AS (
+        SELECT c.num, p.id, p.status, p.finished_at, p.error_text
+        FROM radix.cron_table c LEFT JOIN radix.sys_processes p ON p.id = c.sys_process_id
+        WHERE c.status <> 'CRON_TABLE_ACTIVE' AND c.sys_process_id IS NOT NULL
+          AND (p.id IS NULL OR p.status <> 'running'
+               OR CASE WHEN p.node = my_node THEN NOT p.id = ANY (in_flight) ELSE NOT radix.node_alive(p.node) END)
+        FOR UPDATE OF c SKIP LOCKED
+    ), closed AS (
+        UPDATE radix.sys_processes p SET status = 'failed', finished_at = now_ts,
+            error_text = format('abandoned: node %s stopped before the process finished', p.node)
+        FROM stale s WHERE p.id = s.id AND p.status = 'running'
+        RETURNING p.id
+    ), cleared AS (
+        UPDATE radix.cron_table t SET sys_process_id = NULL, last_run = t.daily_start_time,
+            daily_end_time = coalesce(s.finished_at, now_ts),
+            error_text = CASE WHEN s.status = 'completed' THEN NULL
+                              ELSE coalesce(s.error_text, 'abandoned: the process was lost') END,
+            updated_at = now_ts
+        FROM stale s WHERE t.num = s.num
+        RETURNING 1
+    )
+    SELECT count(*) INTO released FROM cleared;
+    RETURN released;
+END $$;
+
+REVOKE ALL ON FUNCTION radix._doc_access_problems(oid, jsonb), radix._doc_write(oid, jsonb),
+    radix._doc_refusal(radix.cron_table), radix.doc_candidates(timestamptz, text, bigint[]),
+    radix.doc_next_due_in(timestamptz, text, bigint[]), radix.doc_start(text, bigint, text, timestamptz),
+    radix.doc_record(bigint, boolean, text, timestamptz), radix.doc_finish_state(text, bigint),
+    radix.doc_finish(text, bigint, bigint, text, timestamptz, integer, text, timestamptz),
+    radix.doc_release_inactive(text, bigint[], timestamptz) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION radix.document_problems(jsonb), radix.document_num(jsonb),
+    radix._apply_documents(name, jsonb, boolean), radix.apply_document(jsonb), radix.apply_documents(jsonb)
+    TO PUBLIC;
+GRANT SELECT ON radix.document_overview, radix.document_processes TO PUBLIC;
