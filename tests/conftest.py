@@ -18,6 +18,7 @@ from psycopg import sql
 
 from radixjobs import migrate
 from radixjobs.embedded import EmbeddedServer
+from tests.apps import App, make_app
 from tests.support import PgCluster
 
 
@@ -100,3 +101,9 @@ def roles(pg: PgCluster) -> Iterator[Any]:
     with psycopg.connect(pg.dsn, autocommit=True) as c:
         for name in reversed(made):
             c.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(name)))
+
+
+@pytest.fixture
+def app(db: str, conn: psycopg.Connection[Any], roles: Any) -> App:
+    """A database with schema ``app``, a LOGIN principal that may use it, and app.record(tag)."""
+    return make_app(db, conn, roles("worker"))

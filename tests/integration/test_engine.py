@@ -10,7 +10,7 @@ import psycopg
 import pytest
 
 from radixjobs import catalog
-from tests.integration.conftest import App
+from tests.apps import App
 from tests.support import wait_for
 
 FIVE_MIN_NS = 300 * 10**9

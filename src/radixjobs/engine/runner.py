@@ -16,6 +16,7 @@ import socket
 import time
 import uuid
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import psycopg
@@ -34,6 +35,10 @@ log = logging.getLogger("radixjobs.engine")
 
 CLAIM_BATCH = 64
 
+# Test hook: awaited at "claimed" (before the attempt) and "executed" (before finalisation), so crash
+# tests can kill the process at exactly those points.
+Pause = Callable[[str], Awaitable[None]]
+
 
 def default_node_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
@@ -43,7 +48,7 @@ class Engine:
     """Runs due work of one database. ``async with Engine(dsn) as e: await e.run_due()``."""
 
     def __init__(self, dsn: str, *, node_id: str | None = None, concurrency: int = 8,
-                 grace_s: float = 5.0):
+                 grace_s: float = 5.0, pause: Pause | None = None):
         self.dsn = dsn
         self.node_id = node_id or default_node_id()
         self.concurrency = concurrency
@@ -58,6 +63,7 @@ class Engine:
         self._slots = asyncio.Semaphore(concurrency)
         self._running: set[asyncio.Task[None]] = set()
         self.cancel = asyncio.Event()
+        self._pause = pause
 
     async def __aenter__(self) -> Engine:
         await self.start()
@@ -145,7 +151,11 @@ class Engine:
             started = time.monotonic()
             log.info("attempt start job=%s tick=%s attempt=%s node=%s", job.name, claim.planned_ns,
                      claim.attempt, self.node_id)
+            if self._pause:
+                await self._pause("claimed")
             outcome = await self._execute(job, claim, next_planned)
+            if self._pause:
+                await self._pause("executed")
             await self._finalise(job, claim, next_planned, outcome)
             log.info("attempt finish job=%s tick=%s attempt=%s node=%s duration_ms=%.1f outcome=%s",
                      job.name, claim.planned_ns, claim.attempt, self.node_id,

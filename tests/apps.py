@@ -1,4 +1,4 @@
-"""Shared setup for engine tests: a principal role, an app schema it may use, and engine runners."""
+"""Engine test setup: a principal role, an app schema it may use, engine runners (fixture in conftest)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import psycopg
-import pytest
 from psycopg import sql
 
 from radixjobs import catalog
@@ -76,9 +75,8 @@ END $$;
 """
 
 
-@pytest.fixture
-def app(db: str, conn: psycopg.Connection[Any], roles: Any) -> App:
-    principal = roles("worker")
+def make_app(db: str, conn: psycopg.Connection[Any], principal: str) -> App:
+    """Create the app schema, its effects table and app.record(tag) for ``principal``."""
     for stmt in split_script(APP_SQL):
         if "{p}" in stmt.text:
             template = sql.SQL(stmt.text.replace("{p}", "{}"))  # type: ignore[arg-type]
