@@ -286,3 +286,113 @@ def run_command(opts: Options, once: bool, seconds: float | None, node_id: str |
         result = asyncio.run(go(target.dsn))
     counters = ", ".join(f"{k}={v}" for k, v in sorted(result["counters"].items())) or "none"
     emit(opts, result, f"ran {result['attempts']} attempt(s) on node {result['node']}; counters: {counters}")
+
+
+# -- serve / status ------------------------------------------------------------------------------------
+@cli.command("serve")
+@click.option("--http", "http", default="127.0.0.1:7317", show_default=True, metavar="HOST:PORT|off",
+              help="Status endpoint address (port 0 picks a free port).")
+@click.option("--all-databases", is_flag=True, help="Serve every ready database of the cluster.")
+@click.option("--node-id", default=None, help="This node's id (default host:pid).")
+@click.option("--concurrency", default=32, show_default=True, type=click.IntRange(1, 1024),
+              help="Attempts running at once on this node.")
+@click.option("--per-database-concurrency", default=8, show_default=True, type=click.IntRange(1, 1024),
+              help="Attempts running at once per database.")
+@click.option("--grace", default=30.0, show_default=True, type=click.FloatRange(min=0),
+              help="Seconds running attempts get to finish on shutdown before they are cancelled.")
+@click.option("--poll", default=1.0, show_default=True, type=click.FloatRange(min=0.01),
+              help="Longest sleep between looks at the database (notifications wake it earlier).")
+@click.option("--discovery-interval", default=5.0, show_default=True, type=click.FloatRange(min=0.1),
+              help="Seconds between looks for databases becoming ready or going away.")
+@click.option("--log-format", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@click.option("--demo", is_flag=True, help="Install a demo job (demo.heartbeat, every 5 s) first.")
+@common_options
+def serve_command(opts: Options, http: str, all_databases: bool, node_id: str | None, concurrency: int,
+                  per_database_concurrency: int, grace: float, poll: float, discovery_interval: float,
+                  log_format: str, demo: bool) -> None:
+    """Run the scheduler daemon until SIGINT/SIGTERM."""
+    import asyncio
+
+    from radixjobs.server import Daemon, DaemonConfig
+    from radixjobs.server.http import parse_http
+    from radixjobs.server.logs import configure
+
+    try:
+        address = parse_http(http)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--http") from None
+    configure(logging.INFO, log_format)
+    with open_target(opts.dsn, opts.home) as target:
+        with connect(target.dsn) as conn:
+            _ensure_schema(conn, target)
+            if demo:
+                _install_demo(conn)
+        config = DaemonConfig(dsn=target.dsn, all_databases=all_databases or target.embedded is not None,
+                              concurrency=concurrency, per_database_concurrency=per_database_concurrency,
+                              grace_s=grace, poll_s=poll, discovery_s=discovery_interval)
+        if node_id:
+            config.node_id = node_id
+        asyncio.run(_serve(Daemon(config), address, demo))
+
+
+async def _serve(daemon: Any, address: tuple[str, int] | None, demo: bool) -> None:
+    from radixjobs.server.http import start_http
+
+    daemon.install_signal_handlers()
+    http_server = None
+    if address is not None:
+        http_server, http_task, port = await start_http(daemon, *address)
+        base = f"http://{address[0]}:{port}"
+        logging.getLogger("radixjobs.server").info(
+            "status %s/status metrics %s/metrics health %s/healthz node=%s", base, base, base,
+            daemon.config.node_id, extra={"fields": {"http": base, "node": daemon.config.node_id}})
+        click.echo(f"radixjobs serving (node {daemon.config.node_id}); status: {base}/status, "
+                   f"metrics: {base}/metrics", err=True)
+    if demo:
+        click.echo("demo job demo.heartbeat runs every 5 s: see `radixjobs jobs history demo.heartbeat` "
+                   "or `radixjobs sql -c 'select * from demo.runs order by id desc limit 5'`", err=True)
+    try:
+        await daemon.run()
+    finally:
+        if http_server is not None:
+            http_server.should_exit = True
+            await http_task
+
+
+def _install_demo(conn: psycopg.Connection[Any]) -> None:
+    from radixjobs.migrate import read_sql
+    from radixjobs.scripts import run_script
+
+    for _ in run_script(conn, read_sql("demo.sql")):
+        pass
+
+
+@cli.command("status")
+@click.option("--http", "http", default="127.0.0.1:7317", show_default=True, metavar="HOST:PORT",
+              help="Where a running daemon answers.")
+@common_options
+def status_command(opts: Options, http: str) -> None:
+    """Status of a running daemon, or (when none answers) of the database."""
+    import json as jsonlib
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://{http}/status", timeout=2) as response:
+            value = {"source": "daemon", **jsonlib.loads(response.read())}
+    except (OSError, ValueError):
+        with database(opts) as conn:
+            value = {"source": "database", **_database_status(conn)}
+    human = output.render_mapping({k: v for k, v in value.items() if not isinstance(v, dict | list)})
+    for key in ("counters", "jobs_by_status"):
+        if isinstance(value.get(key), dict):
+            human += "\n" + key + ":\n" + output.render_mapping(value[key])
+    emit(opts, value, human)
+
+
+def _database_status(conn: psycopg.Connection[Any]) -> dict[str, Any]:
+    by_status = dict(conn.execute("SELECT status, count(*) FROM radix.job_overview GROUP BY status").fetchall())
+    nodes = conn.execute("SELECT count(*) FILTER (WHERE radix.node_alive(node_id)) FROM radix.nodes").fetchone()
+    last = conn.execute("SELECT error FROM radix.job_history WHERE error IS NOT NULL "
+                        "ORDER BY history_id DESC LIMIT 1").fetchone()
+    return {"database": conn.info.dbname, "live_nodes": nodes[0] if nodes else 0, "jobs_by_status": by_status,
+            "last_error": last[0] if last else None}

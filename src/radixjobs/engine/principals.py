@@ -34,7 +34,10 @@ def principal_dsn(dsn: str, principal: str) -> str:
 
 
 async def clean(conn: Conn) -> bool:
-    """Reset a returned connection; False when it cannot be reused (broken, or identity changed)."""
+    """Reset a returned connection; False when it cannot be reused (broken, or identity changed).
+
+    DISCARD ALL also drops prepared statements, so principal connections never auto-prepare.
+    """
     if conn.closed or conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
         return False
     try:
@@ -62,7 +65,7 @@ class PrincipalPools:
         """
         idle = self._idle.setdefault(principal, [])
         conn = idle.pop() if idle else await psycopg.AsyncConnection.connect(
-            principal_dsn(self.dsn, principal), autocommit=True)
+            principal_dsn(self.dsn, principal), autocommit=True, prepare_threshold=None)
         try:
             yield conn
         finally:

@@ -10,6 +10,7 @@ Verbs (each one database round trip, each with its invariant):
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import socket
@@ -30,10 +31,15 @@ from radixjobs.engine.attempt import AttemptRunner, Claim, Outcome
 from radixjobs.engine.definitions import LOAD_DEFINITIONS, JobDefinition, definition_from_row
 from radixjobs.engine.planning import plan_cron
 from radixjobs.engine.principals import PrincipalPools
+from radixjobs.engine.slots import Slots
 
 log = logging.getLogger("radixjobs.engine")
 
 CLAIM_BATCH = 64
+
+# The fixed set of counters an engine reports (status and metrics never grow with jobs or errors).
+COUNTER_KEYS = ("claims", "successes", "retries", "coalesced_ticks", "lease_recoveries", "leases_lost",
+                "terminations", *(f"failures_{c}" for c in retry.Category))
 
 # Test hook: awaited at "claimed" (before the attempt) and "executed" (before finalisation), so crash
 # tests can kill the process at exactly those points.
@@ -48,11 +54,11 @@ class Engine:
     """Runs due work of one database. ``async with Engine(dsn) as e: await e.run_due()``."""
 
     def __init__(self, dsn: str, *, node_id: str | None = None, concurrency: int = 8,
-                 grace_s: float = 5.0, pause: Pause | None = None):
+                 grace_s: float = 5.0, pause: Pause | None = None, shared_slots: Slots | None = None):
         self.dsn = dsn
         self.node_id = node_id or default_node_id()
         self.concurrency = concurrency
-        self.counters: Counter[str] = Counter()
+        self.counters: Counter[str] = Counter(dict.fromkeys(COUNTER_KEYS, 0))
         self.last_error: dict[str, Any] | None = None
         self._definitions: dict[tuple[uuid.UUID, int], JobDefinition] = {}
         self._pool = AsyncConnectionPool(dsn, min_size=1, max_size=4, open=False,
@@ -60,8 +66,11 @@ class Engine:
         self._control: psycopg.AsyncConnection[Any] | None = None
         self._principals = PrincipalPools(dsn, max_idle=concurrency)
         self._runner = AttemptRunner(self._terminate, grace_s=grace_s)
-        self._slots = asyncio.Semaphore(concurrency)
+        self._slots = Slots(concurrency)
+        self._shared = shared_slots or Slots(concurrency)
         self._running: set[asyncio.Task[None]] = set()
+        self.finished = asyncio.Event()  # set whenever an attempt ends
+        self.stopping = False
         self.cancel = asyncio.Event()
         self._pause = pause
 
@@ -82,8 +91,20 @@ class Engine:
         assert row is not None
         await self._control.execute("SELECT pg_advisory_lock(radix.node_lock_class(), %s)", (row[0],))
 
+    async def shutdown(self, grace_s: float) -> None:
+        """Stop claiming; wait up to ``grace_s`` for running attempts, then cancel them (recorded as
+        cancellation, their ticks retried at once by any node); then close."""
+        self.stopping = True
+        if self._running:
+            await asyncio.wait(self._running, timeout=grace_s)
+        if self._running:
+            log.warning("cancelling %d running attempt(s) node=%s", len(self._running), self.node_id)
+            self.cancel.set()
+        await self.close()
+
     async def close(self) -> None:
         """Wait for running attempts, hand back unstarted claims, close every connection."""
+        self.stopping = True
         if self._running:
             await asyncio.gather(*self._running, return_exceptions=True)
         try:
@@ -119,47 +140,91 @@ class Engine:
             row = await cur.fetchone()
         return None if row is None or row[0] is None else max(0.0, float(row[0]))
 
+    @property
+    def running(self) -> int:
+        return len(self._running)
+
+    async def dispatch_due(self) -> int:
+        """Claim as many due ticks as there are free slots and start them; returns how many started."""
+        if self.stopping:
+            return 0
+        wanted = self._slots.reserve(min(self._slots.free, self._shared.free, CLAIM_BATCH))
+        granted = self._shared.reserve(wanted)
+        self._slots.release(wanted - granted)
+        if granted == 0:
+            return 0
+        try:
+            claims = await self.claim_due(granted)
+        except BaseException:
+            self._slots.release(granted)
+            self._shared.release(granted)
+            raise
+        self._slots.release(granted - len(claims))
+        self._shared.release(granted - len(claims))
+        for claim in claims:
+            task = asyncio.create_task(self._run_claim(claim))
+            self._running.add(task)
+            task.add_done_callback(self._attempt_done)
+        return len(claims)
+
+    def _attempt_done(self, task: asyncio.Task[None]) -> None:
+        self._running.discard(task)
+        self._slots.release()
+        self._shared.release()
+        self.finished.set()
+        if not task.cancelled() and task.exception() is not None:
+            log.error("attempt task failed node=%s error=%r", self.node_id, task.exception())
+
+    async def wait_for_work(self, seconds: float) -> None:
+        """Sleep until an attempt ends or ``seconds`` pass."""
+        self.finished.clear()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.finished.wait(), seconds)
+
     async def run_due(self) -> int:
-        """Claim and run everything due now; returns the number of attempts run."""
+        """Run everything due now, then return the number of attempts run."""
         total = 0
         while True:
-            claims = await self.claim_due(CLAIM_BATCH)
-            if not claims:
-                break
-            total += len(claims)
-            await asyncio.gather(*(self._run_claim(c) for c in claims))
-        return total
+            started = await self.dispatch_due()
+            total += started
+            if not started and not self._running:
+                return total
+            if not started:
+                await asyncio.wait(self._running, return_when=asyncio.FIRST_COMPLETED)
 
     async def run_for(self, seconds: float, poll_s: float = 1.0) -> int:
         """Run due work as it comes due for ``seconds``; returns the number of attempts run."""
         end = time.monotonic() + seconds
         total = 0
         while time.monotonic() < end and not self.cancel.is_set():
-            total += await self.run_due()
+            total += await self.dispatch_due()
             wait = await self.next_due_in()
             wait = poll_s if wait is None else min(wait, poll_s)
-            await asyncio.sleep(max(0.0, min(wait, end - time.monotonic())))
+            await self.wait_for_work(max(0.0, min(wait, end - time.monotonic())))
+        if self._running:
+            await asyncio.wait(self._running)
         return total
 
     # -- one attempt -----------------------------------------------------------------------------
     async def _run_claim(self, claim: Claim) -> None:
-        async with self._slots:
-            job = await self._definition(claim.job_id, claim.definition_version)
-            if job is None:  # dropped or altered since the claim: the lease is fenced anyway
-                return
-            next_planned = job.next_planned_after(claim.planned_ns, claim.anchor_ns)
-            started = time.monotonic()
-            log.info("attempt start job=%s tick=%s attempt=%s node=%s", job.name, claim.planned_ns,
-                     claim.attempt, self.node_id)
-            if self._pause:
-                await self._pause("claimed")
-            outcome = await self._execute(job, claim, next_planned)
-            if self._pause:
-                await self._pause("executed")
-            await self._finalise(job, claim, next_planned, outcome)
-            log.info("attempt finish job=%s tick=%s attempt=%s node=%s duration_ms=%.1f outcome=%s",
-                     job.name, claim.planned_ns, claim.attempt, self.node_id,
-                     (time.monotonic() - started) * 1000, "succeeded" if outcome.succeeded else "failed")
+        job = await self._definition(claim.job_id, claim.definition_version)
+        if job is None:  # dropped or altered since the claim: the lease is fenced anyway
+            return
+        next_planned = job.next_planned_after(claim.planned_ns, claim.anchor_ns)
+        started = time.monotonic()
+        fields = {"job": job.name, "tick": claim.planned_ns, "attempt": claim.attempt, "node": self.node_id}
+        log.info("attempt start job=%s tick=%s attempt=%s node=%s", job.name, claim.planned_ns,
+                 claim.attempt, self.node_id, extra={"fields": fields})
+        if self._pause:
+            await self._pause("claimed")
+        outcome = await self._execute(job, claim, next_planned)
+        if self._pause:
+            await self._pause("executed")
+        result = await self._finalise(job, claim, next_planned, outcome)
+        fields |= {"duration_ms": round((time.monotonic() - started) * 1000, 1), "outcome": result}
+        log.info("attempt finish job=%s tick=%s attempt=%s node=%s duration_ms=%s outcome=%s", job.name,
+                 claim.planned_ns, claim.attempt, self.node_id, fields["duration_ms"], result,
+                 extra={"fields": fields})
 
     async def _execute(self, job: JobDefinition, claim: Claim, next_planned: int | None) -> Outcome:
         if job.call is None:
@@ -172,14 +237,15 @@ class Engine:
                            message=first_line(exc), connection_lost=True)
 
     async def _finalise(self, job: JobDefinition, claim: Claim, next_planned: int | None,
-                        outcome: Outcome) -> None:
+                        outcome: Outcome) -> str:
+        """Record the outcome (fenced); returns succeeded / retrying / failed (by category)."""
         if outcome.in_doubt and await self._committed(claim):
             outcome = Outcome(succeeded=True, atomic=True, finalised=True)
         if outcome.succeeded:
             self.counters["successes"] += 1
             if not outcome.finalised:
                 await self._finish(claim, "succeeded", None, 0, next_planned, outcome)
-            return
+            return "succeeded"
         cause = retry.classify(outcome.sqlstate, outcome.message, deadline_expired=outcome.deadline_expired,
                                cancel_requested=outcome.cancel_requested,
                                connection_lost=outcome.connection_lost)
@@ -193,6 +259,7 @@ class Engine:
             self.counters["retries"] += 1
         await self._finish(claim, "retrying" if decision.retry else "failed", failure.to_json(),
                            decision.delay_ns, next_planned, outcome)
+        return f"{'retrying' if decision.retry else 'failed'}:{cause.category}"
 
     async def _finish(self, claim: Claim, status: str, error: dict[str, Any] | None, delay_ns: int,
                       next_planned: int | None, outcome: Outcome) -> None:

@@ -1,0 +1,168 @@
+"""``radixjobs serve``: owners for every ready database, discovery, HTTP status, clean shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from radixjobs import migrate
+from radixjobs.engine.runner import COUNTER_KEYS
+from radixjobs.engine.slots import Slots
+from radixjobs.server.owner import DatabaseOwner
+
+log = logging.getLogger("radixjobs.server")
+
+LIST_DATABASES = "SELECT datname FROM pg_database WHERE datallowconn AND NOT datistemplate ORDER BY datname"
+
+
+@dataclass
+class DaemonConfig:
+    dsn: str
+    all_databases: bool = False
+    node_id: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}")
+    concurrency: int = 32
+    per_database_concurrency: int = 8
+    grace_s: float = 30.0
+    poll_s: float = 1.0
+    discovery_s: float = 5.0
+
+
+def dsn_for_database(dsn: str, dbname: str) -> str:
+    params = conninfo_to_dict(dsn)
+    params["dbname"] = dbname
+    return make_conninfo(**params)  # type: ignore[arg-type]
+
+
+async def is_ready(dsn: str) -> bool:
+    """Is radixjobs installed there at exactly this code's schema version?"""
+    try:
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True, connect_timeout=5) as conn:
+            cur = await conn.execute("SELECT to_regclass('radix.schema_migrations') IS NOT NULL")
+            row = await cur.fetchone()
+            if not (row and row[0]):
+                return False
+            cur = await conn.execute("SELECT max(version) FROM radix.schema_migrations")
+            row = await cur.fetchone()
+    except psycopg.Error:
+        return False
+    return bool(row and row[0] == migrate.code_version())
+
+
+class Daemon:
+    """The scheduler daemon of one node."""
+
+    def __init__(self, config: DaemonConfig):
+        self.config = config
+        self.slots = Slots(config.concurrency)
+        self.owners: dict[str, tuple[DatabaseOwner, asyncio.Task[None]]] = {}
+        self.started_at = time.monotonic()
+        self.stopping = asyncio.Event()
+        self.last_error: dict[str, Any] | None = None
+
+    # -- discovery -------------------------------------------------------------------------------
+    async def ready_databases(self) -> list[str]:
+        """The databases to serve: the DSN's own, or every ready one of the cluster."""
+        if not self.config.all_databases:
+            name = conninfo_to_dict(self.config.dsn).get("dbname") or "postgres"
+            return [str(name)] if await is_ready(self.config.dsn) else []
+        async with await psycopg.AsyncConnection.connect(self.config.dsn, autocommit=True) as conn:
+            cur = await conn.execute(LIST_DATABASES)
+            names = [row[0] for row in await cur.fetchall()]
+        checks = await asyncio.gather(*(is_ready(dsn_for_database(self.config.dsn, n)) for n in names))
+        return [name for name, ready in zip(names, checks, strict=True) if ready]
+
+    async def discover(self) -> None:
+        """Start owners for new ready databases; stop those of databases that are gone or not ready."""
+        try:
+            ready = set(await self.ready_databases())
+        except psycopg.Error as exc:
+            log.warning("database discovery failed node=%s error=%s", self.config.node_id, exc)
+            return
+        for name in sorted(ready - self.owners.keys()):
+            self._start_owner(name)
+        for name in sorted(self.owners.keys() - ready):
+            owner, task = self.owners.pop(name)
+            log.info("database no longer ready db=%s node=%s", name, self.config.node_id)
+            owner.stop()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(task, self.config.grace_s + 10)
+
+    def _start_owner(self, name: str) -> None:
+        dsn = dsn_for_database(self.config.dsn, name) if self.config.all_databases else self.config.dsn
+        owner = DatabaseOwner(name, dsn, node_id=self.config.node_id, slots=self.slots,
+                              concurrency=self.config.per_database_concurrency, poll_s=self.config.poll_s,
+                              grace_s=self.config.grace_s)
+        self.owners[name] = (owner, asyncio.create_task(owner.run(), name=f"owner:{name}"))
+        log.info("serving database db=%s node=%s", name, self.config.node_id)
+
+    # -- lifecycle -------------------------------------------------------------------------------
+    async def run(self) -> None:
+        """Serve until stop(): rediscover databases periodically."""
+        while not self.stopping.is_set():
+            await self.discover()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.stopping.wait(), self.config.discovery_s)
+        await self.shutdown()
+
+    def stop(self) -> None:
+        self.stopping.set()
+
+    async def shutdown(self) -> None:
+        """Stop claiming everywhere, let running attempts finish within the grace, release, close."""
+        for owner, _ in self.owners.values():
+            owner.stop()
+        tasks = [task for _, task in self.owners.values()]
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    def install_signal_handlers(self) -> None:
+        """First SIGINT/SIGTERM: clean shutdown. Second: exit at once."""
+        loop = asyncio.get_running_loop()
+
+        def on_signal(signum: int) -> None:
+            if self.stopping.is_set():
+                log.warning("second signal: exiting now")
+                os._exit(130)
+            log.info("signal %s: shutting down (grace %.0fs)", signal.Signals(signum).name, self.config.grace_s)
+            self.stop()
+
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, on_signal, signum)
+
+    # -- status ----------------------------------------------------------------------------------
+    def counters(self) -> dict[str, int]:
+        total = dict.fromkeys(COUNTER_KEYS, 0)
+        for owner, _ in self.owners.values():
+            for key, value in owner.counters().items():
+                if key in total:
+                    total[key] += value
+        return total
+
+    def status(self) -> dict[str, Any]:
+        """The /status document: a bounded, fixed set of keys whatever the number of jobs and errors."""
+        databases = []
+        last_error = None
+        for name, (owner, _) in sorted(self.owners.items()):
+            databases.append({"name": name, "connected": owner.connected, "running_attempts": owner.running,
+                              "reconnects": owner.reconnects})
+            if owner.engine is not None and owner.engine.last_error is not None:
+                last_error = owner.engine.last_error
+        return {
+            "node": self.config.node_id,
+            "uptime_s": round(time.monotonic() - self.started_at, 3),
+            "version": migrate.code_version(),
+            "databases": databases,
+            "counters": self.counters(),
+            "running_attempts": sum(owner.running for owner, _ in self.owners.values()),
+            "last_error": last_error,
+        }

@@ -1,0 +1,105 @@
+"""HTTP status of a daemon: /status (JSON), /metrics (Prometheus text), /healthz."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Iterable
+
+import uvicorn
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.routing import Route
+
+from radixjobs.output import jsonable
+from radixjobs.retry import Category
+from radixjobs.server.daemon import Daemon
+
+log = logging.getLogger("radixjobs.server")
+
+DEFAULT_HTTP = "127.0.0.1:7317"
+PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+class DaemonCollector(Collector):
+    """Reads the daemon's counters at scrape time. Labels are bounded: failure category only."""
+
+    def __init__(self, daemon: Daemon):
+        self.daemon = daemon
+
+    def collect(self) -> Iterable[Metric]:
+        counters = self.daemon.counters()
+        simple = {
+            "claims": "Ticks claimed", "successes": "Attempts that succeeded", "retries": "Attempts retried",
+            "coalesced_ticks": "Missed interval ticks coalesced", "lease_recoveries": "Expired or orphaned "
+            "claims resumed", "leases_lost": "Attempts whose lease was lost", "terminations": "Backends "
+            "terminated past their deadline",
+        }
+        for key, help_text in simple.items():
+            metric = CounterMetricFamily(f"radixjobs_{key}", help_text)
+            metric.add_metric([], counters.get(key, 0))
+            yield metric
+        failures = CounterMetricFamily("radixjobs_failures", "Failed attempts by cause category",
+                                       labels=["category"])
+        for category in Category:
+            failures.add_metric([str(category)], counters.get(f"failures_{category}", 0))
+        yield failures
+        status = self.daemon.status()
+        running = GaugeMetricFamily("radixjobs_running_attempts", "Attempts running now")
+        running.add_metric([], status["running_attempts"])
+        yield running
+        databases = GaugeMetricFamily("radixjobs_databases", "Databases served by this node")
+        databases.add_metric([], len(status["databases"]))
+        yield databases
+        uptime = GaugeMetricFamily("radixjobs_uptime_seconds", "Seconds since the daemon started")
+        uptime.add_metric([], status["uptime_s"])
+        yield uptime
+
+
+def make_app(daemon: Daemon) -> Starlette:
+    registry = CollectorRegistry(auto_describe=True)
+    registry.register(DaemonCollector(daemon))
+
+    async def status(_: Request) -> Response:
+        return JSONResponse(jsonable(daemon.status()))
+
+    async def metrics(_: Request) -> Response:
+        return Response(generate_latest(registry), media_type=PROMETHEUS_CONTENT_TYPE)
+
+    async def healthz(_: Request) -> Response:
+        healthy = not daemon.stopping.is_set()
+        return PlainTextResponse("ok" if healthy else "stopping", status_code=200 if healthy else 503)
+
+    return Starlette(routes=[Route("/status", status), Route("/metrics", metrics), Route("/healthz", healthz)])
+
+
+def parse_http(value: str) -> tuple[str, int] | None:
+    """``HOST:PORT`` (port 0 picks a free one) or ``off``; raises ValueError naming the problem."""
+    if value.lower() == "off":
+        return None
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        raise ValueError(f"--http must be HOST:PORT or off, got {value!r}")
+    return host.strip("[]"), int(port)
+
+
+async def start_http(daemon: Daemon, host: str, port: int) -> tuple[uvicorn.Server, asyncio.Task[None], int]:
+    """Serve the status endpoints in this event loop; returns the server, its task and the bound port."""
+    config = uvicorn.Config(make_app(daemon), host=host, port=port, log_level="warning", lifespan="off",
+                            access_log=False)
+    server = uvicorn.Server(config)
+    # the daemon owns SIGINT/SIGTERM (clean shutdown of attempts first); uvicorn must not take them
+    server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign,assignment]
+    task = asyncio.create_task(server.serve())
+    while not server.started:
+        if task.done():
+            task.result()
+            raise OSError(f"cannot listen on {host}:{port}")
+        await asyncio.sleep(0.01)
+    bound = server.servers[0].sockets[0].getsockname()[1]
+    return server, task, int(bound)

@@ -1,0 +1,128 @@
+"""One owner task per database: an engine, a LISTEN connection, a precise timer, reconnects."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+from typing import Any
+
+import psycopg
+
+from radixjobs.engine import Engine
+from radixjobs.engine.slots import Slots
+
+log = logging.getLogger("radixjobs.server")
+
+CHANNELS = ("radix_jobs", "radix_documents")
+
+
+class DatabaseOwner:
+    """Runs a database's due work until stopped; notifications are hints, the timer and poll are truth."""
+
+    def __init__(self, name: str, dsn: str, *, node_id: str, slots: Slots, concurrency: int,
+                 poll_s: float = 1.0, grace_s: float = 5.0):
+        self.name = name
+        self.dsn = dsn
+        self.node_id = node_id
+        self.slots = slots
+        self.concurrency = concurrency
+        self.poll_s = poll_s
+        self.grace_s = grace_s
+        self.engine: Engine | None = None
+        self.wake = asyncio.Event()
+        self.stopping = asyncio.Event()
+        self.connected = False
+        self.last_error: str | None = None
+        self.reconnects = 0
+        self.engines_counters: list[dict[str, int]] = []  # counters of engines replaced after errors
+
+    async def run(self) -> None:
+        """Serve until ``stop``; reconnect with jittered exponential backoff on connection loss."""
+        backoff = 0.2
+        while not self.stopping.is_set():
+            try:
+                await self._serve()
+                return
+            except (psycopg.OperationalError, psycopg.InterfaceError, OSError) as exc:
+                self.connected = False
+                self.last_error = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                log.warning("database connection lost db=%s node=%s error=%s; reconnecting in %.1fs",
+                            self.name, self.node_id, self.last_error, backoff)
+                await self._drop_engine()
+                self.reconnects += 1
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.stopping.wait(), backoff * (0.5 + random.random()))
+                backoff = min(backoff * 2, 10.0)
+
+    async def _serve(self) -> None:
+        engine = Engine(self.dsn, node_id=self.node_id, concurrency=self.concurrency, grace_s=5.0,
+                        shared_slots=self.slots)
+        await engine.start()
+        self.engine = engine
+        listener = await psycopg.AsyncConnection.connect(self.dsn, autocommit=True)
+        try:
+            for channel in CHANNELS:
+                await listener.execute(f"LISTEN {channel}")
+            self.connected = True
+            notify_task = asyncio.create_task(self._listen(listener))
+            try:
+                await self._loop(engine, notify_task)
+            finally:
+                notify_task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, psycopg.Error):
+                    await notify_task
+        finally:
+            await listener.close()
+        await engine.shutdown(self.grace_s)
+        self.engine = None
+
+    async def _loop(self, engine: Engine, notify_task: asyncio.Task[None]) -> None:
+        while not self.stopping.is_set():
+            if notify_task.done():  # the LISTEN connection broke: reconnect everything
+                notify_task.result()
+                raise psycopg.OperationalError("notification connection closed")
+            await engine.dispatch_due()
+            due_in = await engine.next_due_in()
+            timeout = self.poll_s if due_in is None else min(due_in, self.poll_s)
+            await self._sleep(engine, timeout)
+
+    async def _sleep(self, engine: Engine, seconds: float) -> None:
+        """Until the next due tick, a notification, a finished attempt, or stop."""
+        self.wake.clear()
+        engine.finished.clear()
+        waiters = [asyncio.create_task(e.wait()) for e in (self.wake, engine.finished, self.stopping)]
+        try:
+            await asyncio.wait(waiters, timeout=max(0.0, seconds), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiter in waiters:
+                waiter.cancel()
+
+    async def _listen(self, listener: psycopg.AsyncConnection[Any]) -> None:
+        async for _ in listener.notifies():
+            self.wake.set()
+
+    async def _drop_engine(self) -> None:
+        engine, self.engine = self.engine, None
+        if engine is not None:
+            self.engines_counters.append(dict(engine.counters))
+            engine.cancel.set()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(engine.close(), 10)
+
+    def stop(self) -> None:
+        self.stopping.set()
+
+    def counters(self) -> dict[str, int]:
+        """This database's counters since the daemon started (across reconnects)."""
+        total: dict[str, int] = {}
+        sources = [*self.engines_counters, *([dict(self.engine.counters)] if self.engine else [])]
+        for source in sources:
+            for key, value in source.items():
+                total[key] = total.get(key, 0) + value
+        return total
+
+    @property
+    def running(self) -> int:
+        return self.engine.running if self.engine else 0

@@ -1,0 +1,210 @@
+"""The daemon as users run it: several nodes, kills, PostgreSQL restarts, shutdown, status, discovery."""
+
+from __future__ import annotations
+
+import signal
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from radixjobs import migrate
+from tests.acceptance.serving import Serve
+from tests.apps import App
+from tests.support import PgCluster, wait_for
+
+
+def _jobs(app: App, count: int, every: str = "1 second", procedure: str = "app.record") -> None:
+    app.conn.execute(
+        "SELECT radix.create_job('app.j' || g, jsonb_build_object('every', %s::text), %s, %s, "
+        "jsonb_build_array(jsonb_build_object('kind', 'string', 'value', 'j' || g))) "
+        "FROM generate_series(1, %s) g", (every, app.principal, procedure, count))
+
+
+def _dsn_env(app: App) -> dict[str, str]:
+    return {"RADIXJOBS_DSN": app.dsn}
+
+
+def _check_ticks(app: App) -> None:
+    """Every due tick ran exactly once or was coalesced; attempts of one job never overlapped."""
+    duplicates = app.conn.execute("SELECT key FROM app.effects GROUP BY key HAVING count(*) > 1").fetchall()
+    assert duplicates == []
+    rows = app.conn.execute("""
+        SELECT e.job, count(*), extract(epoch FROM max(e.scheduled) - min(e.scheduled)), s.coalesced_ticks
+        FROM app.effects e JOIN radix.radix_system_job_state s ON s.job_id = e.job
+        GROUP BY e.job, s.coalesced_ticks""").fetchall()
+    for job, runs, span_s, coalesced in rows:
+        history = app.conn.execute("SELECT planned_ns, attempt, status, node, error FROM "
+                                   "radix.radix_system_job_history WHERE job_id = %s ORDER BY planned_ns",
+                                   (job,)).fetchall()
+        assert runs + coalesced == round(span_s) + 1, "\n".join(map(str, history))
+    overlaps = app.conn.execute("""
+        SELECT count(*) FROM (
+            SELECT started_at, lag(finished_at) OVER (PARTITION BY job_id ORDER BY started_at) AS prev_end
+            FROM radix.radix_system_job_history) h
+        WHERE started_at < prev_end""").fetchone()
+    assert overlaps == (0,)
+
+
+@pytest.mark.parametrize("nodes", [2, 3])
+def test_nodes_share_the_work_without_duplicates(app: App, tmp_path: Path, nodes: int) -> None:
+    _jobs(app, 100)
+    daemons = [Serve(tmp_path, env=_dsn_env(app), name=f"node{i}") for i in range(nodes)]
+    try:
+        wait_for(lambda: app.conn.execute("SELECT count(*) FROM app.effects").fetchone()[0] >= 1000,  # type: ignore[index]
+                 timeout=120, interval=0.5, message="1000 attempts")
+        for daemon in daemons:
+            daemon.signal(signal.SIGTERM)
+        assert [daemon.wait() for daemon in daemons] == [0] * nodes
+    finally:
+        for daemon in daemons:
+            daemon.stop()
+    _check_ticks(app)
+    workers = app.conn.execute("SELECT count(DISTINCT node) FROM radix.radix_system_job_history").fetchone()
+    assert workers == (nodes,)
+    live = app.conn.execute("SELECT count(*) FROM radix.radix_system_job_state WHERE lease_token IS NOT NULL")
+    assert live.fetchone() == (0,)  # every lease released on shutdown
+
+
+def test_killed_node_is_replaced_within_seconds(app: App, tmp_path: Path) -> None:
+    app.conn.execute("CREATE PROCEDURE app.slow(tag text) LANGUAGE plpgsql AS $$ BEGIN "
+                     "CALL app.record(tag); PERFORM pg_sleep(2); END $$")
+    doomed = Serve(tmp_path, env=_dsn_env(app), name="doomed")
+    survivor = None
+    try:
+        _jobs(app, 4, "1 hour", "app.slow")
+        app.conn.execute("UPDATE radix.radix_system_job_state SET due_ns = radix.to_ns(clock_timestamp())")
+        wait_for(lambda: app.conn.execute(
+            "SELECT count(*) FROM radix.radix_system_job_state WHERE lease_node = 'doomed'").fetchone() == (4,),
+            message="the doomed node to hold the claims")
+        keys = {r[0] for r in app.conn.execute("SELECT idempotency_key FROM radix.radix_system_job_state")}
+        doomed.signal(signal.SIGKILL)
+        doomed.wait()
+        killed_at = time.monotonic()
+        survivor = Serve(tmp_path, env=_dsn_env(app), name="survivor")
+        wait_for(lambda: app.conn.execute(
+            "SELECT count(*) FROM radix.radix_system_job_history WHERE node = 'survivor' AND status = 'succeeded'"
+        ).fetchone() == (4,), timeout=60, message="the survivor to finish the ticks")
+        assert time.monotonic() - killed_at < 30  # far sooner than the 5-minute lease
+        resumed = {r[0] for r in app.conn.execute(
+            "SELECT idempotency_key FROM radix.radix_system_job_history WHERE node = 'survivor'")}
+        assert resumed == keys
+        lost = app.conn.execute("SELECT count(*) FROM radix.radix_system_job_history WHERE status = 'lease_lost'")
+        assert lost.fetchone() == (4,)
+        assert survivor.status()["counters"]["lease_recoveries"] == 4
+        survivor.signal(signal.SIGTERM)
+        assert survivor.wait() == 0
+    finally:
+        doomed.stop()
+        if survivor:
+            survivor.stop()
+    assert len(app.effects()) == 4  # the killed attempts' effects rolled back: each tick's effect once
+
+
+def test_postgres_restart_under_a_running_daemon(app: App, pg: PgCluster, tmp_path: Path) -> None:
+    if pg.server is None:
+        pytest.skip("needs the embedded server to restart it")
+    _jobs(app, 5)
+    daemon = Serve(tmp_path, env=_dsn_env(app), name="node")
+    try:
+        wait_for(lambda: len(app.effects()) >= 10, timeout=30, message="attempts before the restart")
+        app.conn.close()
+        pg.server.restart()
+        app.conn = psycopg.connect(app.dsn, autocommit=True)
+        before = len(app.effects())
+        wait_for(lambda: len(app.effects()) >= before + 10, timeout=60, interval=0.2,
+                 message="attempts after the restart")
+        assert daemon.status()["databases"][0]["reconnects"] >= 1
+        daemon.signal(signal.SIGTERM)
+        assert daemon.wait() == 0
+        _check_ticks(app)
+    finally:
+        daemon.stop()
+        app.conn.close()
+
+
+def test_sigterm_waits_then_cancels_past_the_grace(app: App, tmp_path: Path) -> None:
+    app.conn.execute("CREATE PROCEDURE app.long() LANGUAGE plpgsql AS $$ BEGIN PERFORM pg_sleep(60); END $$")
+    app.job("CREATE JOB app.long SCHEDULE AT TIMESTAMP '2020-01-01' RUN AS {p} CALL app.long()")
+    daemon = Serve(tmp_path, "--grace", "1", env=_dsn_env(app), name="node")
+    try:
+        wait_for(lambda: app.conn.execute("SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'CALL%%long%%' "
+                                          "AND state = 'active'").fetchone() == (1,), message="the long CALL")
+        started = time.monotonic()
+        daemon.signal(signal.SIGTERM)
+        assert daemon.wait(60) == 0
+        assert time.monotonic() - started < 30
+    finally:
+        daemon.stop()
+    (h,) = app.history("app.long")
+    assert h["status"] == "retrying"
+    assert h["error"]["category"] == "cancellation"
+    state = app.state("app.long")
+    assert state["status"] == "retry_wait"
+    assert state["lease_node"] is None  # released: another node may take it over at once
+
+
+def test_status_metrics_healthz_stay_bounded(app: App, tmp_path: Path) -> None:
+    app.conn.execute("CREATE PROCEDURE app.fail(tag text) LANGUAGE plpgsql AS $$ BEGIN "
+                     "RAISE EXCEPTION 'failure % with a secret table name', tag; END $$")
+    _jobs(app, 30, "1 second", "app.fail")
+    daemon = Serve(tmp_path, env=_dsn_env(app), name="node")
+    try:
+        wait_for(lambda: daemon.status()["counters"]["failures_raised_exception"] >= 60, timeout=60,
+                 message="failures")
+        status = daemon.status()
+        assert set(status) == {"node", "uptime_s", "version", "databases", "counters", "running_attempts",
+                               "last_error"}
+        assert status["node"] == "node"
+        assert status["last_error"]["error"] == "PL_JOB_ATTEMPT_FAILED"
+        code, metrics = daemon.get("/metrics")
+        assert code == 200
+        series = [line for line in metrics.splitlines() if line and not line.startswith("#")]
+        assert len(series) == 19  # fixed, whatever the number of jobs and errors
+        assert "secret table" not in metrics
+        assert 'radixjobs_failures_total{category="raised_exception"}' in metrics
+        assert daemon.get("/healthz") == (200, "ok")
+        lines = [line for line in daemon.log_lines() if line["message"].startswith("attempt finish")]
+        assert {"job", "tick", "attempt", "node", "duration_ms", "outcome"} <= set(lines[0])
+    finally:
+        daemon.signal(signal.SIGTERM)
+        daemon.wait()
+        daemon.stop()
+
+
+def test_new_ready_database_is_picked_up(pg: PgCluster, db: str, tmp_path: Path, roles: Any) -> None:
+    daemon = Serve(tmp_path, "--all-databases", "--discovery-interval", "0.5", env={"RADIXJOBS_DSN": db},
+                   name="node")
+    name = f"late_{uuid.uuid4().hex[:8]}"
+    try:
+        with psycopg.connect(pg.dsn, autocommit=True) as admin:
+            admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+        with psycopg.connect(pg.dsn_for(name), autocommit=True) as conn:
+            migrate.install(conn)
+        wait_for(lambda: name in {d["name"] for d in daemon.status()["databases"]}, timeout=30,
+                 message="the new database to be served")
+        daemon.signal(signal.SIGTERM)
+        assert daemon.wait() == 0
+    finally:
+        daemon.stop()
+        with psycopg.connect(pg.dsn, autocommit=True) as admin:
+            admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+def test_demo_on_the_embedded_server(tmp_path: Path) -> None:
+    """README's first command: serve --demo with no DSN runs a job on the embedded PostgreSQL."""
+    home = tmp_path / "home"
+    daemon = Serve(tmp_path, "--demo", "--home", str(home), name="demo")
+    try:
+        wait_for(lambda: daemon.status()["counters"]["successes"] >= 1, timeout=60, message="a demo run")
+        daemon.signal(signal.SIGTERM)
+        assert daemon.wait() == 0
+    finally:
+        daemon.stop()
+    from tests.acceptance.conftest import run_cli
+
+    assert run_cli("db", "status", "--home", str(home)).returncode == 3  # the server it started is stopped
