@@ -14,10 +14,9 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
-## Start the embedded PostgreSQL, install the schema, and run the scheduler with a demo job.
+## Run the scheduler daemon on the embedded PostgreSQL with a demo job (Ctrl-C stops both).
 run: $(STAMP)
-	$(BIN)/radixjobs db start
-	$(BIN)/radixjobs install
+	$(BIN)/radixjobs serve --demo
 
 ## Lint, type-check and run the whole test suite against a real PostgreSQL.
 test: $(STAMP) lint
