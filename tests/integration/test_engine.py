@@ -315,3 +315,21 @@ def test_history_is_bounded(app: App) -> None:
     count = app.conn.execute("SELECT count(*) FROM radix.radix_system_job_history WHERE job_id = %s",
                              (job_id,)).fetchone()
     assert count == (256,)
+
+
+def test_cron_job_coalesces_to_the_latest_due_tick(app: App) -> None:
+    name = app.job("CREATE JOB app.cron SCHEDULE CRON '*/5 * * * *' TIME ZONE 'Europe/Berlin' "
+                   "RUN AS {p} CALL app.record('cron')")
+    assert app.state(name)["planned_ns"] is None  # planned by the engine, which knows cron
+    # enabled two hours ago and never served since
+    app.conn.execute("UPDATE radix.radix_system_job_state SET anchor_ns = radix.to_ns(clock_timestamp()) - %s, "
+                     "due_ns = radix.to_ns(clock_timestamp())", (2 * 3600 * 10**9,))
+    engine = app.run()
+    assert engine.counters["successes"] == 1
+    assert engine.counters["coalesced_ticks"] >= 23
+    (effect,) = app.effects()
+    ran_at = effect[7]
+    assert ran_at.minute % 5 == 0
+    assert ran_at.second == 0
+    state = app.state(name)
+    assert state["planned_ns"] - 300 * 10**9 == app.history(name)[0]["planned_ns"]
