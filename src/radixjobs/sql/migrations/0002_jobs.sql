@@ -426,6 +426,7 @@ DECLARE
     a jsonb;
     param record;
     typ oid;
+    valid boolean;
     checked jsonb := '[]';
 BEGIN
     IF jsonb_typeof(binding) = 'object' AND jsonb_typeof(binding->'arguments') = 'array'
@@ -439,16 +440,19 @@ BEGIN
             quote_ident(proc_name) USING ERRCODE = '22023';
     END IF;
     FOR a IN SELECT e FROM jsonb_array_elements(binding->'arguments') AS x(e) LOOP
-        param := NULL;
-        typ := NULL;
+        valid := false;
         IF jsonb_typeof(a->'position') = 'number' AND jsonb_typeof(a->'type_oid') IN ('number', 'string')
            AND coalesce(jsonb_typeof(a->'value'), 'null') IN ('string', 'null') THEN
-            SELECT * INTO param FROM radix._procedure_parameters(proc) WHERE ord = (a->>'position')::integer;
-            SELECT t.oid INTO typ FROM pg_type t WHERE t.oid = (a->>'type_oid')::oid AND t.typtype <> 'p';
+            SELECT * INTO param FROM radix._procedure_parameters(proc) WHERE ord = (a->>'position')::numeric;
+            IF FOUND THEN
+                SELECT t.oid INTO typ FROM pg_type t
+                WHERE t.oid = (a->>'type_oid')::oid AND t.typtype <> 'p'
+                  AND (t.oid = param.argtype OR param.mode = 'v'
+                       OR (SELECT typtype = 'p' FROM pg_type WHERE oid = param.argtype));
+                valid := FOUND;
+            END IF;
         END IF;
-        IF param.ord IS NULL OR typ IS NULL
-           OR NOT (typ = param.argtype OR param.mode = 'v'
-                   OR (SELECT typtype = 'p' FROM pg_type WHERE oid = param.argtype)) THEN
+        IF NOT valid THEN
             RAISE EXCEPTION 'invalid argument binding for procedure %.%', quote_ident(proc_schema),
                 quote_ident(proc_name) USING ERRCODE = '22023';
         END IF;
