@@ -714,9 +714,45 @@ END $$;
 
 -- DROP JOB [IF EXISTS] ... [RESTRICT | CASCADE]. Dependents are rows of tables outside schema radix
 -- that reference radix.jobs by foreign key. RESTRICT refuses while an attempt holds a live claim or
--- dependents exist; CASCADE deletes the dependents (the caller needs DELETE on their tables) and drops
--- the job even if an attempt is running: that attempt can no longer finalise. The job's own rows in
--- radix (state, history, attempt frames, idempotency keys) go with it.
+-- dependents exist; CASCADE deletes the dependents and drops the job even if an attempt is running:
+-- that attempt can no longer finalise. The job's own rows in radix (state, history, attempt frames,
+-- idempotency keys) go with it. Dependents are handled by radix.drop_job with the caller's own rights
+-- (privileges, row-level security, triggers), never with the definer's.
+-- The tables with rows referencing a job by foreign key (other than radix's own), for its owner.
+-- Existence is read with the definer's rights, as PostgreSQL's own RESTRICT reports dependents the
+-- caller cannot read; deleting them (CASCADE) is left to radix.drop_job, with the caller's rights.
+CREATE FUNCTION radix._job_dependents(creator name, job text)
+RETURNS TABLE (tbl regclass, col name, job_id uuid)
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    caller oid := radix._caller(creator);
+    parts text[] := radix._split_qualified(job, 'job');
+    j radix.jobs;
+    dep record;
+    found_dependent boolean;
+BEGIN
+    SELECT * INTO j FROM radix.jobs WHERE schema_name = parts[1] AND job_name = parts[2];
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    PERFORM radix._check_job_owner(j, caller);
+    FOR dep IN
+        SELECT c.conrelid::regclass AS t, a.attname AS c
+        FROM pg_constraint c JOIN pg_attribute a ON a.attrelid = c.conrelid AND a.attnum = c.conkey[1]
+        WHERE c.contype = 'f' AND c.confrelid = 'radix.jobs'::regclass AND cardinality(c.conkey) = 1
+          AND c.connamespace <> 'radix'::regnamespace  -- the job's own rows: state, history, frames, keys
+    LOOP
+        EXECUTE format('SELECT EXISTS (SELECT 1 FROM %s WHERE %I = $1)', dep.t, dep.c)
+            INTO found_dependent USING j.job_id;
+        IF found_dependent THEN
+            tbl := dep.t; col := dep.c; job_id := j.job_id;
+            RETURN NEXT;
+        END IF;
+    END LOOP;
+END $$;
+
 CREATE FUNCTION radix._drop_job(creator name, job text, if_exists boolean, cascade boolean) RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -724,8 +760,6 @@ AS $$
 DECLARE
     caller oid := radix._caller(creator);
     j radix.jobs := radix._find_job(job);
-    dep record;
-    found_dependent boolean;
 BEGIN
     IF j.job_id IS NULL THEN
         IF if_exists THEN
@@ -741,26 +775,6 @@ BEGIN
             quote_ident(j.job_name) USING ERRCODE = '55006',
             HINT = 'Wait for it to finish, or use DROP JOB ... CASCADE.';
     END IF;
-    FOR dep IN
-        SELECT c.conrelid::regclass AS tbl, a.attname AS col
-        FROM pg_constraint c JOIN pg_attribute a ON a.attrelid = c.conrelid AND a.attnum = c.conkey[1]
-        WHERE c.contype = 'f' AND c.confrelid = 'radix.jobs'::regclass AND cardinality(c.conkey) = 1
-          AND c.connamespace <> 'radix'::regnamespace  -- the job's own rows: state, history, frames, keys
-    LOOP
-        EXECUTE format('SELECT EXISTS (SELECT 1 FROM %s WHERE %I = $1)', dep.tbl, dep.col)
-            INTO found_dependent USING j.job_id;
-        CONTINUE WHEN NOT found_dependent;
-        IF NOT cascade THEN
-            RAISE EXCEPTION 'cannot drop job %.% because other objects depend on it',
-                quote_ident(j.schema_name), quote_ident(j.job_name) USING ERRCODE = '2BP01',
-                DETAIL = format('rows of %s reference it', dep.tbl),
-                HINT = 'Use DROP JOB ... CASCADE to drop the dependent objects too.';
-        END IF;
-        IF NOT has_table_privilege(caller, dep.tbl, 'DELETE') THEN
-            RAISE EXCEPTION 'permission denied for table %', dep.tbl USING ERRCODE = '42501';
-        END IF;
-        EXECUTE format('DELETE FROM %s WHERE %I = $1', dep.tbl, dep.col) USING j.job_id;
-    END LOOP;
     DELETE FROM radix.jobs WHERE job_id = j.job_id;
     PERFORM pg_notify('radix_jobs', j.job_id::text);
     RETURN true;
@@ -796,8 +810,23 @@ CREATE FUNCTION radix.alter_job(job text, enabled boolean) RETURNS boolean LANGU
 RETURN radix._alter_job(current_user, job, enabled);
 
 CREATE FUNCTION radix.drop_job(job text, if_exists boolean DEFAULT false, cascade boolean DEFAULT false)
-RETURNS boolean LANGUAGE sql VOLATILE
-RETURN radix._drop_job(current_user, job, if_exists, cascade);
+RETURNS boolean LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    dep record;
+BEGIN
+    FOR dep IN SELECT * FROM radix._job_dependents(current_user, job) LOOP
+        IF NOT cascade THEN
+            RAISE EXCEPTION 'cannot drop job % because other objects depend on it', job USING ERRCODE = '2BP01',
+                DETAIL = format('rows of %s reference it', dep.tbl),
+                HINT = 'Use DROP JOB ... CASCADE to drop the dependent objects too.';
+        END IF;
+        -- with the caller's own rights: its privileges, row-level security and triggers apply
+        EXECUTE format('DELETE FROM %s WHERE %I = $1', dep.tbl, dep.col) USING dep.job_id;
+    END LOOP;
+    RETURN radix._drop_job(current_user, job, if_exists, cascade);
+END $$;
 
 -- What a role may see of the catalog: the jobs it owns (directly or by membership); all for superusers.
 CREATE VIEW radix.job_overview WITH (security_barrier) AS
