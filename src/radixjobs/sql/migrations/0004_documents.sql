@@ -297,8 +297,8 @@ DECLARE
                                'DAILY_END_TIME', 'ERROR_TEXT'];
     key text := radix.document_num(doc);
     principal pg_roles;
-    props jsonb;
-    status text := doc->>'status';
+    new_props jsonb;
+    new_status text := doc->>'status';
     ignored jsonb := (SELECT coalesce(jsonb_agg(k ORDER BY k COLLATE "C"), '[]')
                       FROM jsonb_object_keys(doc->'props') k WHERE k = ANY (maintained));
     old radix.cron_table;
@@ -306,23 +306,23 @@ DECLARE
 BEGIN
     SELECT * INTO principal FROM pg_roles
     WHERE rolname = coalesce(doc->'props'->>'RUN_AS', (SELECT rolname FROM pg_roles WHERE oid = caller));
-    props := (SELECT coalesce(jsonb_object_agg(k, v), '{}') FROM jsonb_each(doc->'props') AS e(k, v)
+    new_props := (SELECT coalesce(jsonb_object_agg(k, v), '{}') FROM jsonb_each(doc->'props') AS e(k, v)
               WHERE k <> ALL (maintained) AND jsonb_typeof(v) <> 'null')
              || jsonb_build_object('RUN_AS', principal.rolname);
     SELECT * INTO old FROM radix.cron_table WHERE num = key FOR UPDATE;
     IF NOT FOUND THEN
         INSERT INTO radix.cron_table (num, status, props, owner_oid, writer_oid, principal_oid, first_run)
-        VALUES (key, status, props, caller, caller, principal.oid, (props->>'FIRST_RUN')::timestamptz);
+        VALUES (key, new_status, new_props, caller, caller, principal.oid, (new_props->>'FIRST_RUN')::timestamptz);
         RETURN jsonb_build_object('num', key, 'action', 'created', 'version', 1, 'ignored', ignored);
     END IF;
-    IF old.props = props AND old.status = status THEN
+    IF old.props = new_props AND old.status = new_status THEN
         RETURN jsonb_build_object('num', key, 'action', 'unchanged', 'version', old.version, 'ignored', ignored);
     END IF;
-    rearm := status = 'CRON_TABLE_ACTIVE' AND old.status <> 'CRON_TABLE_ACTIVE';
+    rearm := new_status = 'CRON_TABLE_ACTIVE' AND old.status <> 'CRON_TABLE_ACTIVE';
     UPDATE radix.cron_table c SET
-        status = _doc_write.status, props = _doc_write.props, writer_oid = caller,
+        status = new_status, props = new_props, writer_oid = caller,
         principal_oid = principal.oid, version = c.version + 1,
-        first_run = (_doc_write.props->>'FIRST_RUN')::timestamptz,
+        first_run = (new_props->>'FIRST_RUN')::timestamptz,
         count_error = CASE WHEN rearm THEN 0 ELSE c.count_error END,
         error_text = CASE WHEN rearm THEN NULL ELSE c.error_text END,
         next_run = CASE WHEN rearm THEN NULL ELSE c.next_run END,
@@ -592,8 +592,9 @@ BEGIN
         SELECT c.num, p.id, p.status, p.finished_at, p.error_text
         FROM radix.cron_table c LEFT JOIN radix.sys_processes p ON p.id = c.sys_process_id
         WHERE c.status <> 'CRON_TABLE_ACTIVE' AND c.sys_process_id IS NOT NULL
+          AND NOT c.sys_process_id = ANY (in_flight)
           AND (p.id IS NULL OR p.status <> 'running'
-               OR CASE WHEN p.node = my_node THEN NOT p.id = ANY (in_flight) ELSE NOT radix.node_alive(p.node) END)
+               OR CASE WHEN p.node = my_node THEN true ELSE NOT radix.node_alive(p.node) END)
         FOR UPDATE OF c SKIP LOCKED
     ), closed AS (
         UPDATE radix.sys_processes p SET status = 'failed', finished_at = now_ts,

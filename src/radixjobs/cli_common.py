@@ -1,0 +1,66 @@
+"""Helpers every ``radixjobs`` command shares: common options, the database, output."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+import psycopg
+
+from radixjobs import migrate, output
+from radixjobs.config import Target, open_target
+from radixjobs.db import connect
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+@dataclass
+class Options:
+    dsn: str | None
+    home: Path | None
+    json: bool
+
+
+def common_options(func: F) -> F:
+    """--dsn, --home and --json on every command (also accepted before the command name)."""
+
+    @click.option("--dsn", envvar="RADIXJOBS_DSN", default=None, metavar="DSN",
+                  help="PostgreSQL DSN or URI (default: libpq PG* variables, else the embedded server).")
+    @click.option("--home", envvar="RADIXJOBS_HOME", default=None, metavar="DIR",
+                  type=click.Path(file_okay=False, path_type=Path),
+                  help="Data directory of the embedded server.")
+    @click.option("--json", "as_json", is_flag=True, default=False, help="Print JSON.")
+    @click.pass_context
+    def wrapper(ctx: click.Context, /, dsn: str | None, home: Path | None, as_json: bool,
+                **kwargs: Any) -> Any:
+        parent: Options = ctx.find_object(Options) or Options(None, None, False)
+        opts = Options(dsn or parent.dsn, home or parent.home, as_json or parent.json)
+        return ctx.invoke(func, opts, **kwargs)
+
+    functools.update_wrapper(wrapper, func)
+    return wrapper  # type: ignore[return-value]
+
+
+@contextlib.contextmanager
+def database(opts: Options, *, need_schema: bool = True) -> Iterator[psycopg.Connection[Any]]:
+    """A connection to the target; the embedded default gets the schema installed on the way."""
+    with open_target(opts.dsn, opts.home) as target, connect(target.dsn) as conn:
+        if need_schema:
+            ensure_schema(conn, target)
+        yield conn
+
+
+def ensure_schema(conn: psycopg.Connection[Any], target: Target) -> None:
+    if target.embedded is not None:
+        migrate.install(conn)
+    else:
+        migrate.check_ready(conn)
+
+
+def emit(opts: Options, value: Any, human: str) -> None:
+    click.echo(output.to_json(value) if opts.json else human)

@@ -1,0 +1,150 @@
+"""CSP services: Python callables registered with the scheduler, run in a worker process.
+
+A document names a service (CSP_SERVICE); it never carries an import path. The name is looked up in the
+scheduler's registry: the entry point group ``radixjobs.services`` of the installed packages, plus an
+explicit allow-list ``{name: "module:function"}`` (or ``{name: function}``) from its configuration, which
+wins on a clash. An unregistered name fails the run with a clear error.
+
+Each call runs in its own process (multiprocessing, spawn context) with a timeout, so a service that
+raises, crashes the interpreter (``os._exit``, a segfault) or hangs only fails its own run: the worker is
+killed and the scheduler goes on. The service is called as ``function(params)`` with the parsed
+CSP_SERVICE_PARAMS (None when absent); a coroutine function is run to completion with asyncio.run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import importlib.metadata
+import inspect
+import multiprocessing
+import re
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from typing import Any, Final
+
+ENTRY_POINT_GROUP: Final = "radixjobs.services"
+MAX_ERROR_CHARS: Final = 2000
+_DOTTED: Final = r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*"
+_SPEC: Final = re.compile(f"{_DOTTED}:{_DOTTED}")
+
+ServiceSpec = str | Callable[..., Any]
+
+
+def spec_of(service: ServiceSpec) -> str:
+    """``module:function`` of a service given as that text or as a module-level function."""
+    if isinstance(service, str):
+        spec = service.strip()
+    else:
+        qualname = getattr(service, "__qualname__", "")
+        if "<" in qualname or not getattr(service, "__module__", None):
+            raise ValueError(f"a CSP service must be a module-level function, not {service!r}")
+        spec = f"{service.__module__}:{qualname}"
+    if not _SPEC.fullmatch(spec):
+        raise ValueError(f"a CSP service must be given as 'module:function', not {spec!r}")
+    return spec
+
+
+class ServiceRegistry:
+    """The services this scheduler may run, by name."""
+
+    def __init__(self, services: Mapping[str, ServiceSpec] | None = None, *, entry_points: bool = True):
+        self._specs: dict[str, str] = {}
+        if entry_points:
+            for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+                self._specs[ep.name] = ep.value
+        for name, service in (services or {}).items():
+            self._specs[name] = spec_of(service)
+
+    def names(self) -> list[str]:
+        return sorted(self._specs)
+
+    def spec(self, name: str) -> str | None:
+        """The registered ``module:function`` of ``name``, or None."""
+        return self._specs.get(name)
+
+
+@dataclass(frozen=True)
+class ServiceOutcome:
+    """How a service call ended; ``error`` is one line, None on success."""
+
+    ok: bool
+    error: str | None = None
+
+
+def _short(text: str) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= MAX_ERROR_CHARS else text[: MAX_ERROR_CHARS - 1] + "…"
+
+
+def _load(spec: str) -> Callable[..., Any]:
+    module_name, _, attribute = spec.partition(":")
+    target: Any = importlib.import_module(module_name)
+    for part in attribute.split("."):
+        target = getattr(target, part)
+    if not callable(target):
+        raise TypeError(f"{spec} is not callable")
+    return target  # type: ignore[no-any-return]
+
+
+def _worker(spec: str, params: Any, reply: Connection) -> None:
+    """Entry point of the worker process: call the service, send ("ok", None) or ("error", text)."""
+    try:
+        result = _load(spec)(params)
+        if inspect.isawaitable(result):
+            async def wait() -> Any:
+                return await result
+
+            asyncio.run(wait())
+        reply.send(("ok", None))
+    except BaseException as exc:  # the worker reports everything, SystemExit included
+        reply.send(("error", _short(f"{type(exc).__name__}: {exc}")))
+    finally:
+        reply.close()
+
+
+def call_blocking(name: str, spec: str, params: Any, *, timeout_s: float,
+                  cancel: threading.Event | None = None) -> ServiceOutcome:
+    """Run one call in a fresh spawned process and wait for it (blocking: run it in a thread)."""
+    ctx = multiprocessing.get_context("spawn")
+    receiver, sender = ctx.Pipe(duplex=False)
+    process = ctx.Process(target=_worker, args=(spec, params, sender), daemon=True,
+                          name=f"radixjobs-csp-{name}")
+    process.start()
+    sender.close()
+    deadline = time.monotonic() + timeout_s
+    try:
+        while not receiver.poll(0.05):
+            if cancel is not None and cancel.is_set():
+                return ServiceOutcome(False, f"CSP service {name!r} was cancelled (scheduler shutting down)")
+            if time.monotonic() >= deadline:
+                return ServiceOutcome(False, f"CSP service {name!r} timed out after {timeout_s:g} s: worker killed")
+        try:
+            status, text = receiver.recv()
+        except (EOFError, OSError):
+            process.join(5)
+            return ServiceOutcome(False, f"CSP service {name!r}: the worker process exited with code "
+                                         f"{process.exitcode} without a result")
+        return ServiceOutcome(True) if status == "ok" else ServiceOutcome(False, f"CSP service {name!r}: {text}")
+    finally:
+        receiver.close()
+        if process.is_alive():
+            process.join(0.5)
+        if process.is_alive():
+            process.kill()
+            process.join(5)
+        process.close()
+
+
+async def call(registry: ServiceRegistry, name: str, params: Any, *, timeout_s: float,
+               cancel: threading.Event | None = None) -> ServiceOutcome:
+    """Run service ``name`` with ``params``; never raises for the service's own failures."""
+    spec = registry.spec(name)
+    if spec is None:
+        known = ", ".join(registry.names()) or "none"
+        return ServiceOutcome(False, f"CSP service {name!r} is not registered with this scheduler "
+                                     f"(registered: {known})")
+    return await asyncio.to_thread(call_blocking, name, spec, params, timeout_s=timeout_s, cancel=cancel)

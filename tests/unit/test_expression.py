@@ -1,0 +1,117 @@
+"""The schedule expression checker (pglast): what it accepts, what it refuses, what it rewrites."""
+
+from __future__ import annotations
+
+import pytest
+from pglast import parse_sql
+
+from radixjobs.documents.expression import MAX_DEPTH, ExpressionRefused, check
+
+NOW = "CAST($1 AS timestamp with time zone)"
+
+
+@pytest.mark.parametrize("text", [
+    "NOW() + INTERVAL '5 minutes'",
+    "NOW() + INTERVAL '1 hour'",
+    "DATE_TRUNC('day', NOW()) + INTERVAL '1 day' + INTERVAL '3 hours'",
+    "NOW() + INTERVAL '1 day'",
+])
+def test_seed_examples_are_accepted(text: str) -> None:
+    checked = check(text)
+    assert checked.text == text
+    assert checked.sql.startswith("SELECT CAST(")
+    assert checked.sql.endswith("AS timestamp with time zone)")
+    assert NOW in checked.sql
+    assert "now()" not in checked.sql.lower()
+
+
+@pytest.mark.parametrize("text", [
+    "date_trunc('hour', now()) + make_interval(hours => 1)",
+    "greatest(now() + interval '1 minute', '2025-06-01'::timestamptz)",
+    "coalesce(NULL, now() + interval '1 day')",
+    "CASE WHEN extract(dow FROM now()) = 5 THEN now() + interval '3 days' ELSE now() + interval '1 day' END",
+    "date_bin('15 minutes', now(), '2000-01-01') + interval '15 minutes'",
+    "(now() AT TIME ZONE 'Europe/Moscow')::date + time '03:00'",
+    "to_timestamp(floor(extract(epoch FROM now()) / 60) * 60 + 60)",
+    "justify_hours(interval '36 hours') + now()",
+    "current_timestamp + interval '1 hour'",
+    "CURRENT_DATE + 1",
+    "localtimestamp(0) + interval '1 hour'",
+    "pg_catalog.now() + interval '1 hour'",
+    "now() + interval '1' hour",
+    "nullif(now(), now()) IS NULL",
+])
+def test_useful_expressions_are_accepted(text: str) -> None:
+    assert "$1" in check(text).sql
+
+
+@pytest.mark.parametrize("text", [
+    "now()", "transaction_timestamp()", "statement_timestamp()", "clock_timestamp()", "CURRENT_TIMESTAMP",
+])
+def test_every_current_time_function_becomes_the_parameter(text: str) -> None:
+    assert check(text).sql == f"SELECT CAST({NOW} AS timestamp with time zone)"
+
+
+def test_current_date_and_precision_keep_their_type() -> None:
+    assert check("CURRENT_DATE").sql == f"SELECT CAST(CAST({NOW} AS pg_catalog.date) AS timestamp with time zone)"
+    assert "timestamp(0) with time zone" in check("CURRENT_TIMESTAMP(0)").sql
+
+
+def test_comments_are_gone_from_what_runs() -> None:
+    checked = check("now() /* ) */ + interval '1 day' -- trailing")
+    assert checked.sql == f"SELECT CAST({NOW} + CAST('1 day' AS interval) AS timestamp with time zone)"
+
+
+def test_what_runs_is_one_statement() -> None:
+    assert len(parse_sql(check("now() + interval '1 hour'").sql)) == 1
+
+
+@pytest.mark.parametrize(("text", "reason"), [
+    ("NEXT_DAY(NOW(), 'MONDAY') + INTERVAL '9 hours'", "function next_day() is not allowed"),
+    ("now(); DROP TABLE app.victim", "only one expression is allowed (no statement separators)"),
+    ("now()); DROP TABLE app.victim; SELECT (now()", "syntax error"),
+    ("now()) FROM app.secrets WHERE s::int > 0 --", "syntax error"),
+    ("now() FROM app.secrets", "only an expression is allowed (found FROM)"),
+    ("now() WHERE true", "only an expression is allowed (found WHERE)"),
+    ("now() UNION SELECT now()", "UNION/INTERSECT/EXCEPT"),
+    ("now(), now()", "exactly one expression is allowed"),
+    ("now() FOR UPDATE", "found FOR UPDATE"),
+    ("(SELECT now())", "a sub-query is not allowed"),
+    ("now() + (SELECT max(s) FROM app.secrets)::interval", "a sub-query is not allowed"),
+    ("EXISTS (SELECT 1)", "a sub-query is not allowed"),
+    ("now() + pg_sleep(10)::text::interval", "function pg_sleep() is not allowed"),
+    ("nextval('app.seq')::text::timestamptz", "function nextval() is not allowed"),
+    ("set_config('statement_timeout', '0', false)::timestamptz", "function set_config() is not allowed"),
+    ("public.now()", "qualified function names are not allowed: public.now"),
+    ("app.next_slot()", "qualified function names are not allowed"),
+    ("now()::app.mytype", "qualified type names are not allowed"),
+    ("'app.secrets'::regclass::text::timestamptz", "type regclass is not allowed"),
+    ("now() OPERATOR(public.+) interval '1 day'", "qualified operator names are not allowed"),
+    ("now() || 'x'", "operator || is not allowed"),
+    ("s", "a column or name reference (s) is not allowed"),
+    ("app.secrets.s", "a column or name reference"),
+    ("$1", "a parameter is not allowed"),
+    ("current_user::text::timestamptz", "CURRENT_USER is not allowed"),
+    ("ARRAY[now()]", "an array is not allowed"),
+    ("count(*)", "function count() is not allowed"),
+    ("max(now())", "function max() is not allowed"),
+    ("now() COLLATE \"C\"", "COLLATE is not allowed"),
+    ("", "the expression is empty"),
+    ("   ", "the expression is empty"),
+    ("now() + " * 2000, "longer than"),
+])
+def test_refused(text: str, reason: str) -> None:
+    with pytest.raises(ExpressionRefused) as refused:
+        check(text)
+    assert reason in str(refused.value)
+
+
+def test_syntax_error_position_counts_from_the_expression() -> None:
+    with pytest.raises(ExpressionRefused, match=r'syntax error at or near "\)" at character 6'):
+        check("now()) FROM secrets --")
+
+
+def test_deep_nesting_is_refused() -> None:
+    text = "now()" + " + interval '1 second'" * (MAX_DEPTH + 5)
+    with pytest.raises(ExpressionRefused, match="nested too deeply"):
+        check(text)
