@@ -2,72 +2,21 @@
 
 from __future__ import annotations
 
-import contextlib
-import functools
 import logging
 import sys
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import click
 import psycopg
 
 from radixjobs import migrate, output
-from radixjobs.config import Target, open_target
+from radixjobs.cli_common import Options, common_options, database, emit, ensure_schema
+from radixjobs.cli_docs import docs_group
+from radixjobs.config import open_target
 from radixjobs.db import connect, first_line
 from radixjobs.embedded import EmbeddedServer
 from radixjobs.errors import RadixError
-
-F = TypeVar("F", bound=Callable[..., Any])
-
-
-@dataclass
-class Options:
-    dsn: str | None
-    home: Path | None
-    json: bool
-
-
-def common_options(func: F) -> F:
-    """--dsn, --home and --json on every command (also accepted before the command name)."""
-
-    @click.option("--dsn", envvar="RADIXJOBS_DSN", default=None, metavar="DSN",
-                  help="PostgreSQL DSN or URI (default: libpq PG* variables, else the embedded server).")
-    @click.option("--home", envvar="RADIXJOBS_HOME", default=None, metavar="DIR",
-                  type=click.Path(file_okay=False, path_type=Path),
-                  help="Data directory of the embedded server.")
-    @click.option("--json", "as_json", is_flag=True, default=False, help="Print JSON.")
-    @click.pass_context
-    def wrapper(ctx: click.Context, /, dsn: str | None, home: Path | None, as_json: bool,
-                **kwargs: Any) -> Any:
-        parent: Options = ctx.find_object(Options) or Options(None, None, False)
-        opts = Options(dsn or parent.dsn, home or parent.home, as_json or parent.json)
-        return ctx.invoke(func, opts, **kwargs)
-
-    functools.update_wrapper(wrapper, func)
-    return wrapper  # type: ignore[return-value]
-
-
-@contextlib.contextmanager
-def database(opts: Options, *, need_schema: bool = True) -> Iterator[psycopg.Connection[Any]]:
-    """A connection to the target; the embedded default gets the schema installed on the way."""
-    with open_target(opts.dsn, opts.home) as target, connect(target.dsn) as conn:
-        if need_schema:
-            _ensure_schema(conn, target)
-        yield conn
-
-
-def _ensure_schema(conn: psycopg.Connection[Any], target: Target) -> None:
-    if target.embedded is not None:
-        migrate.install(conn)
-    else:
-        migrate.check_ready(conn)
-
-
-def emit(opts: Options, value: Any, human: str) -> None:
-    click.echo(output.to_json(value) if opts.json else human)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -187,7 +136,9 @@ def db_uri(opts: Options, dbname: str) -> None:
 def main() -> None:
     """Entry point: user errors are one line on stderr and a non-zero exit code, never a traceback."""
     try:
-        cli.main(standalone_mode=False, prog_name="radixjobs")
+        code = cli.main(standalone_mode=False, prog_name="radixjobs")
+        if isinstance(code, int) and code:
+            sys.exit(code)
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
     except click.ClickException as exc:
@@ -216,11 +167,11 @@ def jobs_group() -> None:
 @jobs_group.command("list")
 @common_options
 def jobs_list(opts: Options) -> None:
-    """Jobs with schedule, principal, procedure, state and next planned time."""
-    from radixjobs import catalog
+    """Jobs (and CRON_TABLE documents, as doc:NUM) with schedule, principal, procedure, state, next run."""
+    from radixjobs import catalog, documents
 
     with database(opts) as conn:
-        jobs = catalog.list_jobs(conn)
+        jobs = catalog.list_jobs(conn) + documents.overview(conn)
     emit(opts, jobs, output.render_records(jobs, catalog.LIST_COLUMNS))
 
 
@@ -282,7 +233,7 @@ def run_command(opts: Options, once: bool, seconds: float | None, node_id: str |
 
     with open_target(opts.dsn, opts.home) as target:
         with connect(target.dsn) as conn:
-            _ensure_schema(conn, target)
+            ensure_schema(conn, target)
         result = asyncio.run(go(target.dsn))
     counters = ", ".join(f"{k}={v}" for k, v in sorted(result["counters"].items())) or "none"
     emit(opts, result, f"ran {result['attempts']} attempt(s) on node {result['node']}; counters: {counters}")
@@ -306,10 +257,12 @@ def run_command(opts: Options, once: bool, seconds: float | None, node_id: str |
               help="Seconds between looks for databases becoming ready or going away.")
 @click.option("--log-format", type=click.Choice(["text", "json"]), default="text", show_default=True)
 @click.option("--demo", is_flag=True, help="Install a demo job (demo.heartbeat, every 5 s) first.")
+@click.option("--service", "services", multiple=True, metavar="NAME=module:function",
+              help="Allow a CSP service for CRON_TABLE documents (besides the radixjobs.services entry points).")
 @common_options
 def serve_command(opts: Options, http: str, all_databases: bool, node_id: str | None, concurrency: int,
                   per_database_concurrency: int, grace: float, poll: float, discovery_interval: float,
-                  log_format: str, demo: bool) -> None:
+                  log_format: str, demo: bool, services: tuple[str, ...]) -> None:
     """Run the scheduler daemon until SIGINT/SIGTERM."""
     import asyncio
 
@@ -321,15 +274,21 @@ def serve_command(opts: Options, http: str, all_databases: bool, node_id: str | 
         address = parse_http(http)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--http") from None
+    allowed = {}
+    for spec in services:
+        name, sep, target_path = spec.partition("=")
+        if not sep or not name or ":" not in target_path:
+            raise click.BadParameter(f"expected NAME=module:function, got {spec!r}", param_hint="--service")
+        allowed[name] = target_path
     configure(logging.INFO, log_format)
     with open_target(opts.dsn, opts.home) as target:
         with connect(target.dsn) as conn:
-            _ensure_schema(conn, target)
+            ensure_schema(conn, target)
             if demo:
                 _install_demo(conn)
         config = DaemonConfig(dsn=target.dsn, all_databases=all_databases or target.embedded is not None,
                               concurrency=concurrency, per_database_concurrency=per_database_concurrency,
-                              grace_s=grace, poll_s=poll, discovery_s=discovery_interval)
+                              grace_s=grace, poll_s=poll, discovery_s=discovery_interval, services=allowed)
         if node_id:
             config.node_id = node_id
         asyncio.run(_serve(Daemon(config), address, demo))
@@ -396,3 +355,6 @@ def _database_status(conn: psycopg.Connection[Any]) -> dict[str, Any]:
                         "ORDER BY history_id DESC LIMIT 1").fetchone()
     return {"database": conn.info.dbname, "live_nodes": nodes[0] if nodes else 0, "jobs_by_status": by_status,
             "last_error": last[0] if last else None}
+
+
+cli.add_command(docs_group)

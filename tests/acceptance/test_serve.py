@@ -164,7 +164,7 @@ def test_status_metrics_healthz_stay_bounded(app: App, tmp_path: Path) -> None:
         code, metrics = daemon.get("/metrics")
         assert code == 200
         series = [line for line in metrics.splitlines() if line and not line.startswith("#")]
-        assert len(series) == 19  # fixed, whatever the number of jobs and errors
+        assert len(series) == 25  # fixed, whatever the number of jobs and errors
         assert "secret table" not in metrics
         assert 'radixjobs_failures_total{category="raised_exception"}' in metrics
         assert daemon.get("/healthz") == (200, "ok")
@@ -208,3 +208,26 @@ def test_demo_on_the_embedded_server(tmp_path: Path) -> None:
     from tests.acceptance.conftest import run_cli
 
     assert run_cli("db", "status", "--home", str(home)).returncode == 3  # the server it started is stopped
+
+
+def test_daemon_runs_cron_table_documents_beside_jobs(app: App, tmp_path: Path) -> None:
+    from radixjobs import catalog, documents
+
+    app.conn.execute("CREATE PROCEDURE app.archive_logs() LANGUAGE plpgsql AS $$ BEGIN "
+                     "CALL app.record('archived'); END $$")
+    app.job("CREATE JOB app.tick SCHEDULE EVERY INTERVAL '1 second' RUN AS {p} CALL app.record('tick')")
+    with psycopg.connect(app.dsn, user=app.principal, autocommit=True) as as_principal:
+        documents.apply(as_principal, {"dockind": "CRON_TABLE", "status": "CRON_TABLE_ACTIVE", "props": {
+            "NUM": 101, "DB_FUNCTION": "app.archive_logs", "INTERVAL": "NOW() + INTERVAL '1 hour'"}})
+    daemon = Serve(tmp_path, env=_dsn_env(app), name="node")
+    try:
+        wait_for(lambda: daemon.status()["counters"]["doc_successes"] >= 1
+                 and daemon.status()["counters"]["successes"] >= 1, timeout=60, message="a job and a document run")
+        assert "radixjobs_doc_successes_total 1.0" in daemon.get("/metrics")[1]
+        daemon.signal(signal.SIGTERM)
+        assert daemon.wait() == 0
+    finally:
+        daemon.stop()
+    assert "archived" in [e[1] for e in app.effects()]
+    names = {row["name"] for row in catalog.list_jobs(app.conn) + documents.overview(app.conn)}
+    assert names == {"app.tick", "doc:101"}

@@ -6,6 +6,7 @@ import asyncio
 from typing import Any
 
 import psycopg
+import pytest
 
 import radixjobs
 from tests.apps import App
@@ -44,9 +45,5 @@ def test_catalog_api_round_trip(app: App) -> None:
 
 
 def test_errors_are_one_hierarchy(conn: psycopg.Connection[Any]) -> None:
-    try:
+    with pytest.raises(radixjobs.RadixError, match=r"statement 1 \(line 1\)"):
         radixjobs.execute(conn, "CREATE JOB nope SCHEDULE EVERY INTERVAL '1 month' RUN AS x CALL a.b()")
-    except radixjobs.RadixError as exc:
-        assert "statement 1 (line 1)" in str(exc)
-    else:
-        raise AssertionError("expected a RadixError")

@@ -16,6 +16,7 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from radixjobs import migrate
+from radixjobs.documents.scheduler import COUNTER_KEYS as DOCUMENT_COUNTER_KEYS
 from radixjobs.engine.runner import COUNTER_KEYS
 from radixjobs.engine.slots import Slots
 from radixjobs.server.owner import DatabaseOwner
@@ -35,6 +36,7 @@ class DaemonConfig:
     grace_s: float = 30.0
     poll_s: float = 1.0
     discovery_s: float = 5.0
+    services: dict[str, str] = field(default_factory=dict)  # CSP services allowed besides entry points
 
 
 def dsn_for_database(dsn: str, dbname: str) -> str:
@@ -101,7 +103,7 @@ class Daemon:
         dsn = dsn_for_database(self.config.dsn, name) if self.config.all_databases else self.config.dsn
         owner = DatabaseOwner(name, dsn, node_id=self.config.node_id, slots=self.slots,
                               concurrency=self.config.per_database_concurrency, poll_s=self.config.poll_s,
-                              grace_s=self.config.grace_s)
+                              grace_s=self.config.grace_s, services=self.config.services)
         self.owners[name] = (owner, asyncio.create_task(owner.run(), name=f"owner:{name}"))
         log.info("serving database db=%s node=%s", name, self.config.node_id)
 
@@ -141,7 +143,7 @@ class Daemon:
 
     # -- status ----------------------------------------------------------------------------------
     def counters(self) -> dict[str, int]:
-        total = dict.fromkeys(COUNTER_KEYS, 0)
+        total = dict.fromkeys((*COUNTER_KEYS, *DOCUMENT_COUNTER_KEYS), 0)
         for owner, _ in self.owners.values():
             for key, value in owner.counters().items():
                 if key in total:
@@ -155,8 +157,9 @@ class Daemon:
         for name, (owner, _) in sorted(self.owners.items()):
             databases.append({"name": name, "connected": owner.connected, "running_attempts": owner.running,
                               "reconnects": owner.reconnects})
-            if owner.engine is not None and owner.engine.last_error is not None:
-                last_error = owner.engine.last_error
+            for source in (owner.engine, owner.documents):
+                if source is not None and source.last_error is not None:
+                    last_error = source.last_error
         return {
             "node": self.config.node_id,
             "uptime_s": round(time.monotonic() - self.started_at, 3),

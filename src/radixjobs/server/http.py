@@ -16,6 +16,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
+from radixjobs.documents.scheduler import COUNTER_KEYS as DOCUMENT_COUNTER_KEYS
 from radixjobs.output import jsonable
 from radixjobs.retry import Category
 from radixjobs.server.daemon import Daemon
@@ -42,6 +43,10 @@ class DaemonCollector(Collector):
         }
         for key, help_text in simple.items():
             metric = CounterMetricFamily(f"radixjobs_{key}", help_text)
+            metric.add_metric([], counters.get(key, 0))
+            yield metric
+        for key in DOCUMENT_COUNTER_KEYS:
+            metric = CounterMetricFamily(f"radixjobs_{key}", f"CRON_TABLE documents: {key[4:]}")
             metric.add_metric([], counters.get(key, 0))
             yield metric
         failures = CounterMetricFamily("radixjobs_failures", "Failed attempts by cause category",

@@ -6,10 +6,12 @@ import asyncio
 import contextlib
 import logging
 import random
+from collections.abc import Mapping
 from typing import Any
 
 import psycopg
 
+from radixjobs.documents.scheduler import DocumentScheduler
 from radixjobs.engine import Engine
 from radixjobs.engine.slots import Slots
 
@@ -22,7 +24,7 @@ class DatabaseOwner:
     """Runs a database's due work until stopped; notifications are hints, the timer and poll are truth."""
 
     def __init__(self, name: str, dsn: str, *, node_id: str, slots: Slots, concurrency: int,
-                 poll_s: float = 1.0, grace_s: float = 5.0):
+                 poll_s: float = 1.0, grace_s: float = 5.0, services: Mapping[str, str] | None = None):
         self.name = name
         self.dsn = dsn
         self.node_id = node_id
@@ -31,6 +33,9 @@ class DatabaseOwner:
         self.poll_s = poll_s
         self.grace_s = grace_s
         self.engine: Engine | None = None
+        self.documents: DocumentScheduler | None = None
+        self.services = dict(services or {})
+        self._documents_stop = asyncio.Event()
         self.wake = asyncio.Event()
         self.stopping = asyncio.Event()
         self.connected = False
@@ -61,6 +66,11 @@ class DatabaseOwner:
                         shared_slots=self.slots)
         await engine.start()
         self.engine = engine
+        documents = DocumentScheduler(self.dsn, node_id=f"{self.node_id}:docs", services=self.services,
+                                      concurrency=self.concurrency)
+        self.documents = documents
+        await documents.start()
+        documents_task = asyncio.create_task(documents.serve(self._documents_stop), name=f"documents:{self.name}")
         listener = await psycopg.AsyncConnection.connect(self.dsn, autocommit=True)
         try:
             for channel in CHANNELS:
@@ -77,6 +87,10 @@ class DatabaseOwner:
             await listener.close()
         await engine.shutdown(self.grace_s)
         self.engine = None
+        self._documents_stop.set()
+        await documents_task
+        await documents.close()
+        self.documents = None
 
     async def _loop(self, engine: Engine, notify_task: asyncio.Task[None]) -> None:
         while not self.stopping.is_set():
@@ -104,20 +118,30 @@ class DatabaseOwner:
             self.wake.set()
 
     async def _drop_engine(self) -> None:
+        """After a connection failure: abandon the engine and the document scheduler, keep their counts."""
         engine, self.engine = self.engine, None
         if engine is not None:
             self.engines_counters.append(dict(engine.counters))
             engine.cancel.set()
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(engine.close(), 10)
+        documents, self.documents = self.documents, None
+        if documents is not None:
+            self.engines_counters.append(dict(documents.counters))
+            self._documents_stop.set()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(documents.close(), 10)
+        self._documents_stop = asyncio.Event()
 
     def stop(self) -> None:
         self.stopping.set()
+        self._documents_stop.set()
 
     def counters(self) -> dict[str, int]:
         """This database's counters since the daemon started (across reconnects)."""
         total: dict[str, int] = {}
-        sources = [*self.engines_counters, *([dict(self.engine.counters)] if self.engine else [])]
+        sources = [*self.engines_counters, *([dict(self.engine.counters)] if self.engine else []),
+                   *([dict(self.documents.counters)] if self.documents else [])]
         for source in sources:
             for key, value in source.items():
                 total[key] = total.get(key, 0) + value
