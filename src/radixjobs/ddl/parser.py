@@ -8,9 +8,10 @@ from typing import Literal, TypeVar
 
 from radixjobs import model
 from radixjobs import schedule as sched
-from radixjobs.ddl.tokens import Token, TokenKind, TokenStream
+from radixjobs.ddl.tokens import Token, TokenKind
+from radixjobs.ddl.types import TypeNameParser
 from radixjobs.errors import ParseError, ScheduleError
-from radixjobs.model import CallArgument, Constant, JobStatement, QualifiedName, quote_ident
+from radixjobs.model import CallArgument, Constant, JobStatement, QualifiedName
 
 T = TypeVar("T")
 MAX_NESTING = 64
@@ -29,8 +30,6 @@ _REJECTED_WORDS |= dict.fromkeys(_VALUE_FUNCTIONS.split(), "function calls are n
 _REJECTED_WORDS |= {"not": "operators are not allowed in", "case": "CASE expressions are not allowed in"}
 _REJECTED_WORDS |= {"row": "row constructors are not allowed as"}
 _OPERATOR_WORDS = _words("and or not is isnull notnull in like ilike similar between collate at overlaps")
-_INTERVAL_FIELDS = _words("year month day hour minute second")
-_VARYING_TYPES = _words("character char nchar bit")
 _TYPE_STARTERS = ("double", "national", "character", "char", "nchar", "bit", "interval", "timestamp", "time")
 
 
@@ -39,7 +38,7 @@ def parse_job_statement(text: str) -> JobStatement:
     return _Parser(text).statement()
 
 
-class _Parser(TokenStream):
+class _Parser(TypeNameParser):
     def __init__(self, text: str) -> None:
         super().__init__(text)
         self.depth = 0
@@ -351,94 +350,6 @@ class _Parser(TokenStream):
         value = _cast(value, self.type_name())
         self.expect_punct(")", "')' to close CAST(")
         return value
-
-    # ---------------------------------------------------------------------------------------- type names
-
-    def type_name(self, allow_array: bool = True) -> str:
-        """A type name in normalised text: folded, single-spaced, quoted parts re-quoted."""
-        first = self.identifier("a type name")
-        parts = [_render(first)]
-        while self.token.is_punct("."):
-            self.advance()
-            parts.append(_render(self.identifier("a type name after '.'")))
-        name = ".".join(parts)
-        if len(parts) == 1 and first.kind is TokenKind.IDENT:
-            name = self.keyword_type(name)
-        name += self.modifiers()
-        if parts in (["timestamp"], ["time"]) and first.kind is TokenKind.IDENT:
-            name += self.time_zone_suffix()
-        return name + self.array_suffix() if allow_array else name
-
-    def time_zone_suffix(self) -> str:
-        zone = self.accept("with", "without")
-        if zone is None:
-            return ""
-        self.expect("time", f"TIME after {zone.text.upper()}")
-        self.expect("zone", "ZONE after TIME")
-        return f" {zone.value} time zone"
-
-    def keyword_type(self, name: str) -> str:
-        """The multi-word spellings PostgreSQL's grammar knows (double precision, character varying…)."""
-        if name == "double" and self.accept("precision"):
-            return "double precision"
-        if name == "national" and self.token.is_keyword("character", "char"):
-            name += " " + self.advance().value
-            return name + (" varying" if self.accept("varying") else "")
-        if name in _VARYING_TYPES and self.accept("varying"):
-            return name + " varying"
-        if name == "interval":
-            return name + self.interval_fields()
-        return name
-
-    def interval_fields(self) -> str:
-        if not self.token.is_keyword(*_INTERVAL_FIELDS):
-            return ""
-        fields = " " + self.advance().value
-        if self.accept("to"):
-            if not self.token.is_keyword(*_INTERVAL_FIELDS):
-                raise self.expected("an interval field (YEAR … SECOND) after TO")
-            fields += " to " + self.advance().value
-        return fields
-
-    def modifiers(self) -> str:
-        if not self.token.is_punct("("):
-            return ""
-        self.advance()
-        values: list[str] = []
-        while True:
-            sign = ""
-            if self.token.is_punct("-"):
-                sign = self.advance().text
-            if self.token.kind is not TokenKind.NUMBER or not self.token.text.isdigit():
-                raise self.expected("an integer type modifier")
-            values.append(sign + self.advance().text)
-            if not self.token.is_punct(","):
-                break
-            self.advance()
-        self.expect_punct(")", "')' after the type modifiers")
-        return "(" + ",".join(values) + ")"
-
-    def array_suffix(self) -> str:
-        suffix = ""
-        if self.accept("array"):
-            suffix = "[]"
-            if self.token.is_punct("["):
-                self.bracket_bound()
-        while self.token.is_punct("["):
-            self.bracket_bound()
-            suffix += "[]"
-        return suffix
-
-    def bracket_bound(self) -> None:
-        """``[]`` or ``[n]``: PostgreSQL ignores array bounds in type names, and so do we."""
-        self.advance()
-        if self.token.kind is TokenKind.NUMBER and self.token.text.isdigit():
-            self.advance()
-        self.expect_punct("]", "']' in the array type")
-
-
-def _render(token: Token) -> str:
-    return token.value if token.kind is TokenKind.IDENT else quote_ident(token.value)
 
 
 def _number_kind(text: str) -> Literal["integer", "numeric"]:
