@@ -22,6 +22,9 @@ from radixjobs.engine.definitions import JobDefinition
 
 NON_ATOMIC_SQLSTATE = "2D000"
 
+BEGIN_ATOMIC = "SELECT set_config('statement_timeout', %s, true), radix.begin_attempt(%s, %s)"
+END_ATOMIC = "SELECT radix.end_attempt(%s, %s, %s, true)"
+
 
 @dataclass(frozen=True)
 class Claim:
@@ -57,19 +60,41 @@ class Outcome:
 Terminate = Callable[[int], Awaitable[None]]
 
 
+@dataclass(eq=False)
+class _Watched:
+    """An attempt in progress, for the watchdog: its connection, and the ending of it once started."""
+
+    conn: psycopg.AsyncConnection[Any]
+    pid: int
+    ending: asyncio.Task[None] | None = None
+
+
 class AttemptRunner:
-    """Executes attempts; ``terminate(pid)`` ends a backend from the scheduler's own connection."""
+    """Executes attempts; ``terminate(pid)`` ends a backend from the scheduler's own connection.
+
+    The watchdog costs a timer per attempt, and a task only when it has to act: past deadline + grace,
+    or when ``cancel`` is set (then the running statement is cancelled, and the backend ended after the
+    grace). statement_timeout can be trapped (EXCEPTION WHEN query_canceled) or outlived; termination
+    from the scheduler's connection cannot, so an attempt never outlives its lease.
+    """
 
     def __init__(self, terminate: Terminate, *, grace_s: float = 5.0):
         self.terminate = terminate
         self.grace_s = grace_s
+        self._active: set[_Watched] = set()
+        self._cancel_watch: asyncio.Task[None] | None = None
+        self._cancel_event: asyncio.Event | None = None
 
     async def run(self, conn: psycopg.AsyncConnection[Any], job: JobDefinition, claim: Claim,
                   next_planned_ns: int | None, cancel: asyncio.Event) -> Outcome:
         """Run the attempt; never raises for failures of the procedure or the connection."""
         atomic = not job.non_atomic
         started = time.monotonic()
-        watchdog = asyncio.create_task(self._watch(conn, job, started, cancel))
+        watched = _Watched(conn, conn.info.backend_pid)
+        self._active.add(watched)
+        timer = asyncio.get_running_loop().call_later(job.deadline_ms / 1000 + self.grace_s, self._end,
+                                                      watched, False)
+        self._watch_cancel(cancel, watched)
         try:
             if atomic:
                 outcome = await self._atomic(conn, job, claim, next_planned_ns)
@@ -81,26 +106,58 @@ class AttemptRunner:
             else:
                 outcome = await self._non_atomic(conn, job, claim, next_planned_ns)
         finally:
-            watchdog.cancel()
+            timer.cancel()
+            self._active.discard(watched)
+            if watched.ending is not None:
+                watched.ending.cancel()
         elapsed_ms = (time.monotonic() - started) * 1000
         outcome.deadline_expired = not outcome.succeeded and elapsed_ms >= job.deadline_ms
         outcome.cancel_requested = cancel.is_set()
         return outcome
 
+    def close(self) -> None:
+        """Stop watching for cancellation (the engine is closing)."""
+        if self._cancel_watch is not None:
+            self._cancel_watch.cancel()
+
+    def _watch_cancel(self, cancel: asyncio.Event, watched: _Watched) -> None:
+        """One task waits for ``cancel`` (the engine's, for its whole life), not one per attempt."""
+        if cancel.is_set():
+            self._end(watched, True)
+        elif self._cancel_watch is None or self._cancel_watch.done() or cancel is not self._cancel_event:
+            self.close()
+            self._cancel_event = cancel
+            self._cancel_watch = asyncio.create_task(self._on_cancel(cancel))
+
+    async def _on_cancel(self, cancel: asyncio.Event) -> None:
+        await cancel.wait()
+        for watched in list(self._active):
+            self._end(watched, True)
+
+    def _end(self, watched: _Watched, cancelled: bool) -> None:
+        """Start ending the attempt (once), unless it is over."""
+        if watched in self._active and watched.ending is None:
+            watched.ending = asyncio.create_task(self._ending(watched, cancelled))
+
+    async def _ending(self, watched: _Watched, cancelled: bool) -> None:
+        if cancelled:
+            await watched.conn.cancel_safe(timeout=self.grace_s)
+            await asyncio.sleep(self.grace_s)
+        await self.terminate(watched.pid)
+
     async def _atomic(self, conn: psycopg.AsyncConnection[Any], job: JobDefinition, claim: Claim,
                       next_planned_ns: int | None) -> Outcome:
+        """BEGIN … COMMIT sent as one pipeline: one round trip. The server skips what follows a failed
+        statement and the transaction rolls back, so the marker still commits only with the procedure.
+        A broken connection leaves the COMMIT's fate unknown (in doubt): the engine reads the ledger."""
         assert job.call is not None
-        committing = False
         try:
-            async with conn.transaction():
-                await conn.execute("SELECT set_config('statement_timeout', %s, true), radix.begin_attempt(%s, %s)",
-                                   (str(job.deadline_ms), claim.job_id, claim.lease_token))
+            async with conn.pipeline(), conn.transaction():
+                await conn.execute(BEGIN_ATOMIC, (str(job.deadline_ms), claim.job_id, claim.lease_token))
                 await conn.execute(job.call, job.values)
-                await conn.execute("SELECT radix.end_attempt(%s, %s, %s, true)",
-                                   (claim.job_id, claim.lease_token, next_planned_ns))
-                committing = True
+                await conn.execute(END_ATOMIC, (claim.job_id, claim.lease_token, next_planned_ns))
         except psycopg.Error as exc:
-            return self._failure(exc, atomic=True, in_doubt=committing)
+            return self._failure(exc, atomic=True, in_doubt=True)
         return Outcome(succeeded=True, atomic=True, finalised=True)
 
     async def _non_atomic(self, conn: psycopg.AsyncConnection[Any], job: JobDefinition, claim: Claim,
@@ -124,22 +181,3 @@ class AttemptRunner:
         return Outcome(succeeded=False, atomic=atomic, finalised=False, sqlstate=exc.sqlstate,
                        message=message, connection_lost=exc.sqlstate is None,
                        in_doubt=in_doubt and broken)
-
-    async def _watch(self, conn: psycopg.AsyncConnection[Any], job: JobDefinition, started: float,
-                     cancel: asyncio.Event) -> None:
-        """Past deadline + grace (or on cancel, past the grace), end the backend from outside.
-
-        statement_timeout can be trapped (EXCEPTION WHEN query_canceled) or outlived; termination
-        from the scheduler's connection cannot, so the attempt never outlives its lease.
-        """
-        pid = conn.info.backend_pid
-        deadline = started + job.deadline_ms / 1000 + self.grace_s
-        cancel_task = asyncio.create_task(cancel.wait())
-        try:
-            await asyncio.wait({cancel_task}, timeout=max(0.0, deadline - time.monotonic()))
-            if cancel.is_set():
-                await conn.cancel_safe(timeout=self.grace_s)
-                await asyncio.sleep(self.grace_s)
-            await self.terminate(pid)
-        finally:
-            cancel_task.cancel()

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import uuid
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, LiteralString, cast
 
@@ -22,6 +24,26 @@ LEFT JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
 WHERE j.job_id = ANY(%s)
 """
 
+# The claim, and in the same round trip the definition of each claimed job (built only when the cache
+# lacks that version; arguments come as text, parsed only then). ROWS on radix.claim_due keeps this a
+# nested loop over the jobs' primary key however many jobs there are.
+CLAIM = """
+SELECT c.job_id, c.definition_version, c.lease_token, c.planned_ns, c.attempt, c.idempotency_key, c.resumed,
+       c.coalesced, c.anchor_ns,
+       j.definition_version, j.schema_name, j.job_name, j.principal_name, j.procedure_signature,
+       n.nspname, p.proname, j.arguments::text, j.deadline_ms, j.non_atomic, j.schedule_kind, j.interval_ns,
+       j.starting_at_ns, j.at_ns, j.cron_expression, j.cron_time_zone
+FROM radix.claim_due(%s, %s, %s) c
+JOIN radix.jobs j ON j.job_id = c.job_id
+LEFT JOIN pg_catalog.pg_proc p ON p.oid = j.procedure_oid
+LEFT JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
+"""
+CLAIM_COLUMNS = 9  # the Claim's fields; the definition's columns follow
+DEFINITION_COLUMNS = ("definition_version", "schema_name", "job_name", "principal_name", "procedure_signature",
+                      "procedure_schema", "procedure_name", "arguments", "deadline_ms", "non_atomic",
+                      "schedule_kind", "interval_ns", "starting_at_ns", "at_ns", "cron_expression",
+                      "cron_time_zone")
+
 
 @dataclass(frozen=True)
 class JobDefinition:
@@ -32,7 +54,7 @@ class JobDefinition:
     name: str
     principal: str
     signature: str
-    call: sql.Composed | None  # None when the procedure no longer exists
+    call: bytes | None  # the CALL, rendered once (psycopg then reuses its parse); None: procedure gone
     values: tuple[str | None, ...]
     deadline_ms: int
     non_atomic: bool
@@ -74,12 +96,47 @@ def build_call(procedure_schema: str, procedure_name: str,
 
 
 def definition_from_row(row: dict[str, Any]) -> JobDefinition:
-    call: sql.Composed | None = None
+    call: bytes | None = None
     values: tuple[str | None, ...] = ()
     if row["procedure_name"] is not None:
-        call, values = build_call(row["procedure_schema"], row["procedure_name"], row["arguments"])
+        arguments = row["arguments"]
+        if isinstance(arguments, str):
+            arguments = json.loads(arguments)
+        composed, values = build_call(row["procedure_schema"], row["procedure_name"], arguments)
+        call = composed.as_bytes(None)  # identifiers quoted by psycopg; values stay bound parameters
     return JobDefinition(
         job_id=row["job_id"], definition_version=int(row["definition_version"]),
         name=f"{row['schema_name']}.{row['job_name']}", principal=row["principal_name"],
         signature=row["procedure_signature"], call=call, values=values,
         deadline_ms=int(row["deadline_ms"]), non_atomic=bool(row["non_atomic"]), schedule=schedule_of(row))
+
+
+class DefinitionCache:
+    """Definitions by (job, version); beyond ``size`` entries the least recently used is dropped, so memory
+    stays bounded however many jobs a node runs."""
+
+    def __init__(self, size: int):
+        self.size = size
+        self._entries: OrderedDict[tuple[uuid.UUID, int], JobDefinition] = OrderedDict()
+
+    def __contains__(self, key: tuple[uuid.UUID, int]) -> bool:
+        return key in self._entries
+
+    def get(self, key: tuple[uuid.UUID, int]) -> JobDefinition | None:
+        job = self._entries.get(key)
+        if job is not None:
+            self._entries.move_to_end(key)
+        return job
+
+    def put(self, job: JobDefinition) -> None:
+        self._entries[(job.job_id, job.definition_version)] = job
+        self._entries.move_to_end((job.job_id, job.definition_version))
+        while len(self._entries) > self.size:
+            self._entries.popitem(last=False)
+
+    def remember_claimed(self, claim_row: tuple[Any, ...]) -> None:
+        """Cache the definition that came with a claim row (see CLAIM), unless cached or of another version."""
+        job_id, version = claim_row[0], claim_row[1]
+        if claim_row[CLAIM_COLUMNS] == version and (job_id, version) not in self._entries:
+            self.put(definition_from_row({"job_id": job_id, **dict(zip(DEFINITION_COLUMNS,
+                                                                          claim_row[CLAIM_COLUMNS:], strict=True))}))

@@ -12,13 +12,21 @@ from radixjobs.errors import ScheduleError
 
 MAX_COALESCE_STEPS = 100_000
 
+# Cron jobs are found through the partial index jobs_cron, never by reading every job.
 DUE_CRON = """
 SELECT s.job_id, s.definition_version, s.planned_ns, s.anchor_ns, j.cron_expression, j.cron_time_zone,
        radix.to_ns(clock_timestamp()) AS now_ns
-FROM radix.radix_system_job_state s JOIN radix.jobs j USING (job_id)
+FROM radix.jobs j JOIN radix.radix_system_job_state s USING (job_id)
 WHERE j.schedule_kind = 'cron' AND s.status = 'scheduled'
   AND (s.planned_ns IS NULL OR s.due_ns <= radix.to_ns(clock_timestamp()))
 FOR UPDATE OF s SKIP LOCKED
+"""
+
+# Does a cron job need planning before its tick may be claimed? (Same rows as DUE_CRON, no locks.)
+CRON_DUE = """
+EXISTS (SELECT 1 FROM radix.jobs j JOIN radix.radix_system_job_state s USING (job_id)
+        WHERE j.schedule_kind = 'cron' AND s.status = 'scheduled'
+          AND (s.planned_ns IS NULL OR s.due_ns <= radix.to_ns(clock_timestamp())))
 """
 
 STORE_PLAN = """

@@ -33,16 +33,26 @@ def principal_dsn(dsn: str, principal: str) -> str:
     return make_conninfo(**params)  # type: ignore[arg-type]
 
 
+# DISCARD ALL without its DISCARD PLANS, and the identity check, in one round trip. DISCARD PLANS holds
+# no session state a job could see, but it invalidates every cached plan of the session, so each next
+# attempt re-planned all statements of radix.begin_attempt / end_attempt (~1 ms; docs/benchmarks.md).
+# Sent as one simple query (one implicit transaction: a failure anywhere leaves the connection unused).
+CLEAN = (b"CLOSE ALL; SET SESSION AUTHORIZATION DEFAULT; RESET ALL; DEALLOCATE ALL; UNLISTEN *; "
+         b"SELECT pg_advisory_unlock_all(); DISCARD TEMP; DISCARD SEQUENCES; "
+         b"SELECT current_user = session_user")
+
+
 async def clean(conn: Conn) -> bool:
     """Reset a returned connection; False when it cannot be reused (broken, or identity changed).
 
-    DISCARD ALL also drops prepared statements, so principal connections never auto-prepare.
+    DEALLOCATE ALL drops prepared statements, so principal connections never auto-prepare.
     """
     if conn.closed or conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
         return False
     try:
-        await conn.execute("DISCARD ALL")
-        cur = await conn.execute("SELECT current_user = session_user")
+        cur = await conn.execute(CLEAN, prepare=False)
+        while cur.nextset():  # to the identity check's result, the last one
+            pass
         row = await cur.fetchone()
     except psycopg.Error:
         return False

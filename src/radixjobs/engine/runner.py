@@ -28,14 +28,28 @@ from psycopg_pool import AsyncConnectionPool
 from radixjobs import retry
 from radixjobs.db import first_line
 from radixjobs.engine.attempt import AttemptRunner, Claim, Outcome
-from radixjobs.engine.definitions import LOAD_DEFINITIONS, JobDefinition, definition_from_row
-from radixjobs.engine.planning import plan_cron
+from radixjobs.engine.definitions import (
+    CLAIM,
+    CLAIM_COLUMNS,
+    LOAD_DEFINITIONS,
+    DefinitionCache,
+    JobDefinition,
+    definition_from_row,
+)
+from radixjobs.engine.planning import CRON_DUE, plan_cron
 from radixjobs.engine.principals import PrincipalPools
 from radixjobs.engine.slots import Slots
 
 log = logging.getLogger("radixjobs.engine")
 
 CLAIM_BATCH = 64
+MAX_DEFINITIONS = 10_000  # cached job definitions (least recently used dropped first)
+
+NEXT_DUE_IN = ("(SELECT (min(due_ns) - radix.to_ns(clock_timestamp())) / 1e9 FROM radix.radix_system_job_state "
+               "WHERE status IN ('scheduled', 'running', 'retry_wait'))")
+# After a claim, in its round trip: seconds until the next due tick, and whether cron ticks await planning.
+AFTER_CLAIM = "SELECT " + NEXT_DUE_IN + ", " + CRON_DUE
+NEXT_DUE = "SELECT " + NEXT_DUE_IN
 
 # The fixed set of counters an engine reports (status and metrics never grow with jobs or errors).
 COUNTER_KEYS = ("claims", "successes", "retries", "coalesced_ticks", "lease_recoveries", "leases_lost",
@@ -54,13 +68,16 @@ class Engine:
     """Runs due work of one database. ``async with Engine(dsn) as e: await e.run_due()``."""
 
     def __init__(self, dsn: str, *, node_id: str | None = None, concurrency: int = 8,
-                 grace_s: float = 5.0, pause: Pause | None = None, shared_slots: Slots | None = None):
+                 grace_s: float = 5.0, pause: Pause | None = None, shared_slots: Slots | None = None,
+                 finished: asyncio.Event | None = None):
         self.dsn = dsn
         self.node_id = node_id or default_node_id()
         self.concurrency = concurrency
         self.counters: Counter[str] = Counter(dict.fromkeys(COUNTER_KEYS, 0))
         self.last_error: dict[str, Any] | None = None
-        self._definitions: dict[tuple[uuid.UUID, int], JobDefinition] = {}
+        self._definitions = DefinitionCache(MAX_DEFINITIONS)
+        self._due: tuple[float, float] | None = None  # (seconds until due, monotonic time measured)
+        self.claim_filled = False  # the last dispatch claimed all it asked for: more may be due at once
         self._pool = AsyncConnectionPool(dsn, min_size=1, max_size=4, open=False,
                                          kwargs={"autocommit": True}, name="radix-scheduler")
         self._control: psycopg.AsyncConnection[Any] | None = None
@@ -69,7 +86,7 @@ class Engine:
         self._slots = Slots(concurrency)
         self._shared = shared_slots or Slots(concurrency)
         self._running: set[asyncio.Task[None]] = set()
-        self.finished = asyncio.Event()  # set whenever an attempt ends
+        self.finished = finished or asyncio.Event()  # set whenever an attempt ends (a caller's own, or ours)
         self.stopping = False
         self.cancel = asyncio.Event()
         self._pause = pause
@@ -112,6 +129,7 @@ class Engine:
                 await conn.execute("SELECT radix.release_claims(%s)", (self.node_id,))
         except psycopg.Error as exc:
             log.warning("release of claims failed node=%s error=%s", self.node_id, exc)
+        self._runner.close()
         await self._principals.close()
         await self._pool.close()
         if self._control is not None:
@@ -119,11 +137,26 @@ class Engine:
 
     # -- verbs -----------------------------------------------------------------------------------
     async def claim_due(self, limit: int) -> list[Claim]:
-        """Claim up to ``limit`` due ticks (plans due cron ticks first)."""
+        """Claim up to ``limit`` due ticks. One round trip (the claim, then the next due time and whether
+        cron ticks await planning, pipelined) unless cron ticks need planning: the first claim leaves
+        them alone; they are planned (missed ones coalesced), then claimed. A cron tick never runs stale."""
         async with self._pool.connection() as conn:
-            self.counters["coalesced_ticks"] += await plan_cron(conn)
-            cur = await conn.execute("SELECT * FROM radix.claim_due(%s, %s)", (self.node_id, limit))
-            claims = [Claim(*row) for row in await cur.fetchall()]
+            async with conn.pipeline():
+                claim_cur = await conn.execute(CLAIM, (self.node_id, limit, False))
+                after_cur = await conn.execute(AFTER_CLAIM)
+            rows = await claim_cur.fetchall()
+            after = await after_cur.fetchone()
+            if after and after[1] and len(rows) < limit:
+                self.counters["coalesced_ticks"] += await plan_cron(conn)
+                cur = await conn.execute(CLAIM, (self.node_id, limit - len(rows), True))
+                rows += await cur.fetchall()
+                after_cur = await conn.execute(NEXT_DUE)
+                after = await after_cur.fetchone()
+            self._note_due(after)
+        claims = []
+        for row in rows:
+            self._definitions.remember_claimed(row)
+            claims.append(Claim(*row[:CLAIM_COLUMNS]))
         for claim in claims:
             self.counters["claims"] += 1
             self.counters["coalesced_ticks"] += claim.coalesced
@@ -134,11 +167,24 @@ class Engine:
     async def next_due_in(self) -> float | None:
         """Seconds until the earliest due tick (0 when one is due now), or None when nothing is planned."""
         async with self._pool.connection() as conn:
-            cur = await conn.execute(
-                "SELECT (min(due_ns) - radix.to_ns(clock_timestamp())) / 1e9 FROM radix.radix_system_job_state "
-                "WHERE status IN ('scheduled', 'running', 'retry_wait')")
-            row = await cur.fetchone()
-        return None if row is None or row[0] is None else max(0.0, float(row[0]))
+            cur = await conn.execute(NEXT_DUE)
+            self._note_due(await cur.fetchone())
+        return self.due_in()
+
+    def _note_due(self, row: tuple[Any, ...] | None) -> None:
+        self._due = None if row is None or row[0] is None else (max(0.0, float(row[0])), time.monotonic())
+
+    def due_in(self) -> float | None:
+        """Seconds until the earliest due tick as of the last claim (or next_due_in), without a query."""
+        if self._due is None:
+            return None
+        seconds, measured = self._due
+        return max(0.0, seconds - (time.monotonic() - measured))
+
+    @property
+    def has_free_slot(self) -> bool:
+        """Could this engine start another attempt? (An attempt ending sets ``finished`` otherwise.)"""
+        return not self.stopping and self._slots.free > 0
 
     @property
     def running(self) -> int:
@@ -146,6 +192,7 @@ class Engine:
 
     async def dispatch_due(self) -> int:
         """Claim as many due ticks as there are free slots and start them; returns how many started."""
+        self.claim_filled = False
         if self.stopping:
             return 0
         wanted = self._slots.reserve(min(self._slots.free, self._shared.free, CLAIM_BATCH))
@@ -161,6 +208,7 @@ class Engine:
             raise
         self._slots.release(granted - len(claims))
         self._shared.release(granted - len(claims))
+        self.claim_filled = len(claims) == granted
         for claim in claims:
             task = asyncio.create_task(self._run_claim(claim))
             self._running.add(task)
@@ -285,15 +333,17 @@ class Engine:
         return bool(row and row[0])
 
     async def _definition(self, job_id: uuid.UUID, version: int) -> JobDefinition | None:
-        key = (job_id, version)
-        if key not in self._definitions:
+        """The definition a claim runs under (cached, bounded: least recently used dropped first)."""
+        job = self._definitions.get((job_id, version))
+        if job is None:
             async with self._pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
                 await cur.execute(LOAD_DEFINITIONS, ([job_id],))
                 row = await cur.fetchone()
             if row is None or int(row["definition_version"]) != version:
                 return None
-            self._definitions[key] = definition_from_row(row)
-        return self._definitions[key]
+            job = definition_from_row(row)
+            self._definitions.put(job)
+        return job
 
     async def _terminate(self, pid: int) -> None:
         """End a principal backend from the scheduler's own connection (deadline + grace passed)."""

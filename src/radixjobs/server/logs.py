@@ -37,3 +37,7 @@ def configure(level: int, fmt: str) -> None:
     root.handlers[:] = [handler]
     root.setLevel(level)
     logging.getLogger("psycopg.pool").setLevel(max(level, logging.ERROR))
+    # psycopg's own warnings about connections it is cleaning up ("error ignored terminating
+    # <AsyncPipeline … (user=… database=…)>") name the principal's role after a failed attempt: the
+    # attempt is logged by the engine, redacted; these would undo the redaction
+    logging.getLogger("psycopg").setLevel(max(level, logging.ERROR))

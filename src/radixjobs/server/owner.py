@@ -19,6 +19,19 @@ log = logging.getLogger("radixjobs.server")
 
 CHANNELS = ("radix_jobs", "radix_documents")
 
+# Claims still held under this node id after its engine took the node's advisory lock come from a
+# previous life of the node (kill -9 then a restart with the same --node-id, or a session lost with a
+# PostgreSQL restart): other nodes see the node alive and leave them alone, and its own claim_due waits
+# for their 5-minute lease. Expiring the leases lets them be resumed at once, with the same tick, attempt
+# and key. A backend of that previous life that still runs keeps the job safe as always: its KEY SHARE
+# lock (atomic) or its live frame (non-atomic) makes every claim skip the job until it is gone.
+RESUME_PREVIOUS_CLAIMS = """
+UPDATE radix.radix_system_job_state SET lease_expires_at = clock_timestamp(),
+    due_ns = radix.to_ns(clock_timestamp())
+WHERE lease_node = %s AND status = 'running' AND lease_expires_at > clock_timestamp()
+"""
+UNCLAIMABLE_PAUSE_S = 0.01
+
 
 class DatabaseOwner:
     """Runs a database's due work until stopped; notifications are hints, the timer and poll are truth."""
@@ -63,7 +76,7 @@ class DatabaseOwner:
 
     async def _serve(self) -> None:
         engine = Engine(self.dsn, node_id=self.node_id, concurrency=self.concurrency, grace_s=5.0,
-                        shared_slots=self.slots)
+                        shared_slots=self.slots, finished=self.wake)
         await engine.start()
         self.engine = engine
         documents = DocumentScheduler(self.dsn, node_id=f"{self.node_id}:docs", services=self.services,
@@ -73,6 +86,10 @@ class DatabaseOwner:
         documents_task = asyncio.create_task(documents.serve(self._documents_stop), name=f"documents:{self.name}")
         listener = await psycopg.AsyncConnection.connect(self.dsn, autocommit=True)
         try:
+            cur = await listener.execute(RESUME_PREVIOUS_CLAIMS, (self.node_id,))
+            if cur.rowcount:
+                log.info("resuming %d claim(s) of this node's previous life db=%s node=%s", cur.rowcount,
+                         self.name, self.node_id)
             for channel in CHANNELS:
                 await listener.execute(f"LISTEN {channel}")
             self.connected = True
@@ -97,21 +114,30 @@ class DatabaseOwner:
             if notify_task.done():  # the LISTEN connection broke: reconnect everything
                 notify_task.result()
                 raise psycopg.OperationalError("notification connection closed")
+            # cleared before claiming: an attempt ending or a notification meanwhile must wake the sleep
+            self.wake.clear()
             await engine.dispatch_due()
-            due_in = await engine.next_due_in()
-            timeout = self.poll_s if due_in is None else min(due_in, self.poll_s)
-            await self._sleep(engine, timeout)
+            await self._sleep(self._sleep_s(engine))
 
-    async def _sleep(self, engine: Engine, seconds: float) -> None:
-        """Until the next due tick, a notification, a finished attempt, or stop."""
-        self.wake.clear()
-        engine.finished.clear()
-        waiters = [asyncio.create_task(e.wait()) for e in (self.wake, engine.finished, self.stopping)]
-        try:
-            await asyncio.wait(waiters, timeout=max(0.0, seconds), return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for waiter in waiters:
-                waiter.cancel()
+    def _sleep_s(self, engine: Engine) -> float:
+        """Until the next due tick, known from the claim's own round trip (no query here); while every
+        slot is busy, until an attempt ends; a short pause when due ticks were left that could not be
+        claimed (locked or still running elsewhere), so that is not a busy loop."""
+        due_in = engine.due_in()
+        if due_in is None or not engine.has_free_slot:
+            return self.poll_s
+        if due_in > 0:
+            return min(due_in, self.poll_s)
+        return 0.0 if engine.claim_filled else min(UNCLAIMABLE_PAUSE_S, self.poll_s)
+
+    async def _sleep(self, seconds: float) -> None:
+        """Until the next due tick, a notification, a finished attempt (the engine sets ``wake`` too), or
+        stop: one event and a timer, no task per sleep."""
+        if seconds <= 0 or self.stopping.is_set():
+            return
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(seconds):
+                await self.wake.wait()
 
     async def _listen(self, listener: psycopg.AsyncConnection[Any]) -> None:
         async for _ in listener.notifies():
@@ -135,6 +161,7 @@ class DatabaseOwner:
 
     def stop(self) -> None:
         self.stopping.set()
+        self.wake.set()
         self._documents_stop.set()
 
     def counters(self) -> dict[str, int]:

@@ -437,6 +437,7 @@ DECLARE
     a jsonb;
     param record;
     typ oid;
+    valid boolean;
     checked jsonb := '[]';
 BEGIN
     IF jsonb_typeof(binding) = 'object' AND jsonb_typeof(binding->'arguments') = 'array'
@@ -450,16 +451,19 @@ BEGIN
             quote_ident(proc_name) USING ERRCODE = '22023';
     END IF;
     FOR a IN SELECT e FROM jsonb_array_elements(binding->'arguments') AS x(e) LOOP
-        param := NULL;
-        typ := NULL;
+        valid := false;
         IF jsonb_typeof(a->'position') = 'number' AND jsonb_typeof(a->'type_oid') IN ('number', 'string')
            AND coalesce(jsonb_typeof(a->'value'), 'null') IN ('string', 'null') THEN
-            SELECT * INTO param FROM radix._procedure_parameters(proc) WHERE ord = (a->>'position')::integer;
-            SELECT t.oid INTO typ FROM pg_type t WHERE t.oid = (a->>'type_oid')::oid AND t.typtype <> 'p';
+            SELECT * INTO param FROM radix._procedure_parameters(proc) WHERE ord = (a->>'position')::numeric;
+            IF FOUND THEN
+                SELECT t.oid INTO typ FROM pg_type t
+                WHERE t.oid = (a->>'type_oid')::oid AND t.typtype <> 'p'
+                  AND (t.oid = param.argtype OR param.mode = 'v'
+                       OR (SELECT typtype = 'p' FROM pg_type WHERE oid = param.argtype));
+                valid := FOUND;
+            END IF;
         END IF;
-        IF param.ord IS NULL OR typ IS NULL
-           OR NOT (typ = param.argtype OR param.mode = 'v'
-                   OR (SELECT typtype = 'p' FROM pg_type WHERE oid = param.argtype)) THEN
+        IF NOT valid THEN
             RAISE EXCEPTION 'invalid argument binding for procedure %.%', quote_ident(proc_schema),
                 quote_ident(proc_name) USING ERRCODE = '22023';
         END IF;
@@ -721,9 +725,45 @@ END $$;
 
 -- DROP JOB [IF EXISTS] ... [RESTRICT | CASCADE]. Dependents are rows of tables outside schema radix
 -- that reference radix.jobs by foreign key. RESTRICT refuses while an attempt holds a live claim or
--- dependents exist; CASCADE deletes the dependents (the caller needs DELETE on their tables) and drops
--- the job even if an attempt is running: that attempt can no longer finalise. The job's own rows in
--- radix (state, history, attempt frames, idempotency keys) go with it.
+-- dependents exist; CASCADE deletes the dependents and drops the job even if an attempt is running:
+-- that attempt can no longer finalise. The job's own rows in radix (state, history, attempt frames,
+-- idempotency keys) go with it. Dependents are handled by radix.drop_job with the caller's own rights
+-- (privileges, row-level security, triggers), never with the definer's.
+-- The tables with rows referencing a job by foreign key (other than radix's own), for its owner.
+-- Existence is read with the definer's rights, as PostgreSQL's own RESTRICT reports dependents the
+-- caller cannot read; deleting them (CASCADE) is left to radix.drop_job, with the caller's rights.
+CREATE FUNCTION radix._job_dependents(creator name, job text)
+RETURNS TABLE (tbl regclass, col name, job_id uuid)
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    caller oid := radix._caller(creator);
+    parts text[] := radix._split_qualified(job, 'job');
+    j radix.jobs;
+    dep record;
+    found_dependent boolean;
+BEGIN
+    SELECT * INTO j FROM radix.jobs WHERE schema_name = parts[1] AND job_name = parts[2];
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    PERFORM radix._check_job_owner(j, caller);
+    FOR dep IN
+        SELECT c.conrelid::regclass AS t, a.attname AS c
+        FROM pg_constraint c JOIN pg_attribute a ON a.attrelid = c.conrelid AND a.attnum = c.conkey[1]
+        WHERE c.contype = 'f' AND c.confrelid = 'radix.jobs'::regclass AND cardinality(c.conkey) = 1
+          AND c.connamespace <> 'radix'::regnamespace  -- the job's own rows: state, history, frames, keys
+    LOOP
+        EXECUTE format('SELECT EXISTS (SELECT 1 FROM %s WHERE %I = $1)', dep.t, dep.c)
+            INTO found_dependent USING j.job_id;
+        IF found_dependent THEN
+            tbl := dep.t; col := dep.c; job_id := j.job_id;
+            RETURN NEXT;
+        END IF;
+    END LOOP;
+END $$;
+
 CREATE FUNCTION radix._drop_job(creator name, job text, if_exists boolean, cascade boolean) RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -731,8 +771,6 @@ AS $$
 DECLARE
     caller oid := radix._caller(creator);
     j radix.jobs := radix._find_job(job);
-    dep record;
-    found_dependent boolean;
 BEGIN
     IF j.job_id IS NULL THEN
         IF if_exists THEN
@@ -748,26 +786,6 @@ BEGIN
             quote_ident(j.job_name) USING ERRCODE = '55006',
             HINT = 'Wait for it to finish, or use DROP JOB ... CASCADE.';
     END IF;
-    FOR dep IN
-        SELECT c.conrelid::regclass AS tbl, a.attname AS col
-        FROM pg_constraint c JOIN pg_attribute a ON a.attrelid = c.conrelid AND a.attnum = c.conkey[1]
-        WHERE c.contype = 'f' AND c.confrelid = 'radix.jobs'::regclass AND cardinality(c.conkey) = 1
-          AND c.connamespace <> 'radix'::regnamespace  -- the job's own rows: state, history, frames, keys
-    LOOP
-        EXECUTE format('SELECT EXISTS (SELECT 1 FROM %s WHERE %I = $1)', dep.tbl, dep.col)
-            INTO found_dependent USING j.job_id;
-        CONTINUE WHEN NOT found_dependent;
-        IF NOT cascade THEN
-            RAISE EXCEPTION 'cannot drop job %.% because other objects depend on it',
-                quote_ident(j.schema_name), quote_ident(j.job_name) USING ERRCODE = '2BP01',
-                DETAIL = format('rows of %s reference it', dep.tbl),
-                HINT = 'Use DROP JOB ... CASCADE to drop the dependent objects too.';
-        END IF;
-        IF NOT has_table_privilege(caller, dep.tbl, 'DELETE') THEN
-            RAISE EXCEPTION 'permission denied for table %', dep.tbl USING ERRCODE = '42501';
-        END IF;
-        EXECUTE format('DELETE FROM %s WHERE %I = $1', dep.tbl, dep.col) USING j.job_id;
-    END LOOP;
     DELETE FROM radix.jobs WHERE job_id = j.job_id;
     PERFORM pg_notify('radix_jobs', j.job_id::text);
     RETURN true;
@@ -803,8 +821,23 @@ CREATE FUNCTION radix.alter_job(job text, enabled boolean) RETURNS boolean LANGU
 RETURN radix._alter_job(current_user, job, enabled);
 
 CREATE FUNCTION radix.drop_job(job text, if_exists boolean DEFAULT false, cascade boolean DEFAULT false)
-RETURNS boolean LANGUAGE sql VOLATILE
-RETURN radix._drop_job(current_user, job, if_exists, cascade);
+RETURNS boolean LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    dep record;
+BEGIN
+    FOR dep IN SELECT * FROM radix._job_dependents(current_user, job) LOOP
+        IF NOT cascade THEN
+            RAISE EXCEPTION 'cannot drop job % because other objects depend on it', job USING ERRCODE = '2BP01',
+                DETAIL = format('rows of %s reference it', dep.tbl),
+                HINT = 'Use DROP JOB ... CASCADE to drop the dependent objects too.';
+        END IF;
+        -- with the caller's own rights: its privileges, row-level security and triggers apply
+        EXECUTE format('DELETE FROM %s WHERE %I = $1', dep.tbl, dep.col) USING dep.job_id;
+    END LOOP;
+    RETURN radix._drop_job(current_user, job, if_exists, cascade);
+END $$;
 
 -- What a role may see of the catalog: the jobs it owns (directly or by membership); all for superusers.
 CREATE VIEW radix.job_overview WITH (security_barrier) AS
@@ -889,6 +922,12 @@ CREATE TABLE radix.idempotency_keys (
 ALTER TABLE radix.radix_system_job_state ADD COLUMN atomic_hint boolean;
 CREATE UNIQUE INDEX radix_system_job_history_running
     ON radix.radix_system_job_history (job_id, planned_ns, attempt) WHERE status = 'running';
+-- Running claims by node: finding the claims of dead nodes reads only running rows, whatever the number
+-- of jobs (radix_system_job_state_due holds every scheduled row, so it cannot serve this).
+CREATE INDEX radix_system_job_state_running ON radix.radix_system_job_state (lease_node)
+    WHERE status = 'running';
+-- Cron jobs, for the engine's planning pass (it must not read every job to find the few cron ones).
+CREATE INDEX jobs_cron ON radix.jobs (job_id) WHERE schedule_kind = 'cron';
 ALTER TABLE radix.radix_system_job_history DROP CONSTRAINT radix_system_job_history_job_id_planned_ns_attempt_key;
 
 REVOKE ALL ON radix.nodes, radix.attempt_frames, radix.idempotency_keys FROM PUBLIC;
@@ -906,14 +945,16 @@ RETURN EXISTS (
          AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
     WHERE n.node_id = node);
 
--- A committed frame whose backend still runs (pid and start time both match).
+-- A committed frame whose backend still runs (pid and start time both match). The backend is looked
+-- up by pid only when a frame exists (pg_stat_activity would build a row for every backend).
+-- radix.claim_due inlines the same test.
 CREATE FUNCTION radix.job_has_live_frame(job uuid) RETURNS boolean
 LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp
 RETURN EXISTS (
-    SELECT 1 FROM radix.attempt_frames f JOIN pg_stat_activity a
-      ON a.pid = f.pid AND a.backend_start = f.backend_start
-    WHERE f.job_id = job);
+    SELECT 1 FROM radix.attempt_frames f
+    WHERE f.job_id = job
+      AND EXISTS (SELECT 1 FROM pg_stat_get_activity(f.pid) a WHERE a.backend_start = f.backend_start));
 
 -- Register a node (idempotent); returns its advisory lock key. The caller then takes
 -- pg_advisory_lock(radix.node_lock_class(), key) on its control session and keeps it.
@@ -927,46 +968,88 @@ AS $$
     RETURNING lock_key
 $$;
 
--- claim_due: claim up to `max_claims` due ticks for `node`. A row is claimable when it is due
--- (scheduled / retry_wait with due_ns <= now), or running with a lease that expired or whose node is
--- dead, and no committed frame of the job has a live backend. Missed interval ticks coalesce to the
--- latest due one (counted) when a fresh tick starts; a resumed claim keeps its planned time, attempt
--- number and idempotency key. Each claim writes the state and a 'running' history row together.
-CREATE FUNCTION radix.claim_due(node text, max_claims integer)
+-- claim_due: claim up to `max_claims` ticks for `node`. Claimable: the claims of dead nodes (running,
+-- their node's advisory lock gone), then due rows in due order (scheduled / retry_wait with due_ns <=
+-- now, or running with an expired lease); never a job with a committed frame whose backend still runs,
+-- and never a row locked by a running atomic attempt (KEY SHARE) or another claimer (SKIP LOCKED).
+-- With `with_cron` false, cron ticks are left alone (the engine plans them first, see planning.py).
+-- Missed interval ticks coalesce to the latest due one (counted) when a fresh tick starts; a resumed
+-- claim keeps its planned time, attempt number and idempotency key. Each claim writes the state and a
+-- 'running' history row together.
+-- Cost: index scans over the rows it takes (radix_system_job_state_due stops at max_claims) and over
+-- running rows (radix_system_job_state_running); pg_locks is read once, and only when another node
+-- holds a running claim. The catalog is never scanned, so a claim costs the same at 10 or 10^6 jobs.
+CREATE FUNCTION radix.claim_due(node text, max_claims integer, with_cron boolean DEFAULT true)
 RETURNS TABLE (job_id uuid, definition_version bigint, lease_token uuid, planned_ns bigint,
                attempt integer, idempotency_key text, resumed boolean, coalesced bigint,
                anchor_ns bigint)
-LANGUAGE plpgsql VOLATILE
+LANGUAGE plpgsql VOLATILE ROWS 16
 SET search_path = pg_catalog, pg_temp
+-- the statements' plans do not depend on the values (index scans by key, ordered by due_ns); custom
+-- plans were re-made at every call (~0.8 ms, most of a claim's cost)
+SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
     now_ts timestamptz := clock_timestamp();
     now_ns bigint := radix.to_ns(now_ts);
+    dead text[] := '{}';
+    picked uuid[] := '{}';
+    resuming boolean;
 BEGIN
-    RETURN QUERY
-    WITH candidates AS (
+    IF EXISTS (SELECT 1 FROM radix.radix_system_job_state s WHERE s.status = 'running' AND s.lease_node <> node)
+    THEN
+        dead := ARRAY(
+            SELECT DISTINCT s.lease_node
+            FROM radix.radix_system_job_state s LEFT JOIN radix.nodes n ON n.node_id = s.lease_node
+            WHERE s.status = 'running' AND s.lease_node <> node
+              AND (n.lock_key IS NULL OR n.lock_key::oid NOT IN (
+                    SELECT l.objid FROM pg_locks l
+                    WHERE l.locktype = 'advisory' AND l.classid = radix.node_lock_class()::oid
+                      AND l.objsubid = 2 AND l.granted
+                      AND l.database = (SELECT d.oid FROM pg_database d WHERE d.datname = current_database()))));
+    END IF;
+    IF cardinality(dead) > 0 THEN
+        picked := ARRAY(
+            SELECT s.job_id FROM radix.radix_system_job_state s
+            WHERE s.status = 'running' AND s.lease_node = ANY (dead)
+              AND NOT EXISTS (
+                  SELECT 1 FROM radix.attempt_frames f
+                  WHERE f.job_id = s.job_id AND EXISTS (
+                      SELECT 1 FROM pg_stat_get_activity(f.pid) a WHERE a.backend_start = f.backend_start))
+            ORDER BY s.due_ns
+            LIMIT max_claims
+            FOR UPDATE SKIP LOCKED);
+    END IF;
+    picked := picked || ARRAY(
         SELECT s.job_id FROM radix.radix_system_job_state s
         WHERE s.status IN ('scheduled', 'retry_wait', 'running') AND s.due_ns <= now_ns
           AND s.planned_ns IS NOT NULL
-        UNION
-        SELECT s.job_id FROM radix.radix_system_job_state s
-        WHERE s.status = 'running' AND NOT radix.node_alive(s.lease_node)
-    ), locked AS (
-        SELECT s.*, j.schedule_kind, j.interval_ns
-        FROM radix.radix_system_job_state s JOIN radix.jobs j USING (job_id)
-        WHERE s.job_id IN (SELECT c.job_id FROM candidates c)
-          AND (s.status <> 'running' OR s.lease_expires_at < now_ts OR NOT radix.node_alive(s.lease_node))
-          AND NOT radix.job_has_live_frame(s.job_id)
+          AND (s.status <> 'running' OR s.lease_expires_at < now_ts)
+          AND s.job_id <> ALL (picked)
+          AND (with_cron OR NOT EXISTS (
+                  SELECT 1 FROM radix.jobs j WHERE j.job_id = s.job_id AND j.schedule_kind = 'cron'))
+          AND NOT EXISTS (
+              SELECT 1 FROM radix.attempt_frames f
+              WHERE f.job_id = s.job_id AND EXISTS (
+                  SELECT 1 FROM pg_stat_get_activity(f.pid) a WHERE a.backend_start = f.backend_start))
         ORDER BY s.due_ns
-        LIMIT max_claims
-        FOR UPDATE OF s SKIP LOCKED
-    ), decided AS (
-        SELECT l.job_id, l.status = 'running' AS resumed,
-               CASE WHEN l.status = 'scheduled' AND l.schedule_kind = 'every' AND l.planned_ns <= now_ns
-                    THEN l.planned_ns + (now_ns - l.planned_ns) / l.interval_ns * l.interval_ns
-                    ELSE l.planned_ns END AS new_planned,
-               l.planned_ns AS old_planned, l.interval_ns, l.schedule_kind, l.status, l.attempt
-        FROM locked l
+        LIMIT max_claims - cardinality(picked)
+        FOR UPDATE SKIP LOCKED);
+    IF cardinality(picked) = 0 THEN
+        RETURN;
+    END IF;
+    resuming := cardinality(dead) > 0 OR EXISTS (
+        SELECT 1 FROM radix.radix_system_job_state s WHERE s.job_id = ANY (picked) AND s.status = 'running');
+
+    RETURN QUERY
+    WITH decided AS (
+        SELECT s.job_id, s.status = 'running' AS resumed,
+               CASE WHEN s.status = 'scheduled' AND j.schedule_kind = 'every' AND s.planned_ns <= now_ns
+                    THEN s.planned_ns + (now_ns - s.planned_ns) / j.interval_ns * j.interval_ns
+                    ELSE s.planned_ns END AS new_planned,
+               s.planned_ns AS old_planned, j.interval_ns, j.schedule_kind
+        FROM radix.radix_system_job_state s JOIN radix.jobs j USING (job_id)
+        WHERE s.job_id = ANY (picked)
     ), claimed AS (
         UPDATE radix.radix_system_job_state s SET
             status = 'running',
@@ -1007,28 +1090,22 @@ BEGIN
     FROM claimed c;
 
     -- resumed claims: the lost row was closed above; the new attempt gets its own row
-    INSERT INTO radix.radix_system_job_history
-        (job_id, definition_version, planned_ns, attempt, idempotency_key, status, node)
-    SELECT s.job_id, s.definition_version, s.planned_ns, s.attempt, s.idempotency_key, 'running', node
-    FROM radix.radix_system_job_state s
-    WHERE s.lease_node = node AND s.status = 'running' AND s.updated_at = now_ts
-      AND NOT EXISTS (SELECT 1 FROM radix.radix_system_job_history h
-                      WHERE h.job_id = s.job_id AND h.planned_ns = s.planned_ns
-                        AND h.attempt = s.attempt AND h.status = 'running');
-    PERFORM radix._prune_history(s.job_id)
-    FROM radix.radix_system_job_state s WHERE s.lease_node = node AND s.updated_at = now_ts;
+    IF resuming THEN
+        INSERT INTO radix.radix_system_job_history
+            (job_id, definition_version, planned_ns, attempt, idempotency_key, status, node)
+        SELECT s.job_id, s.definition_version, s.planned_ns, s.attempt, s.idempotency_key, 'running', node
+        FROM unnest(picked) AS p(job_id) JOIN radix.radix_system_job_state s ON s.job_id = p.job_id
+        WHERE s.lease_node = node AND s.status = 'running' AND s.updated_at = now_ts
+          AND NOT EXISTS (SELECT 1 FROM radix.radix_system_job_history h
+                          WHERE h.job_id = s.job_id AND h.planned_ns = s.planned_ns
+                            AND h.attempt = s.attempt AND h.status = 'running');
+    END IF;
+    -- keep at most 256 history rows per job
+    DELETE FROM radix.radix_system_job_history h USING unnest(picked) AS p(job_id)
+    WHERE h.job_id = p.job_id AND h.history_id <= (
+        SELECT o.history_id FROM radix.radix_system_job_history o WHERE o.job_id = p.job_id
+        ORDER BY o.history_id DESC OFFSET 256 LIMIT 1);
 END $$;
-
--- Keep at most 256 history rows per job (called in the transaction that adds one).
-CREATE FUNCTION radix._prune_history(job uuid) RETURNS void
-LANGUAGE sql VOLATILE
-SET search_path = pg_catalog, pg_temp
-AS $$
-    DELETE FROM radix.radix_system_job_history
-    WHERE job_id = job AND history_id <= (
-        SELECT history_id FROM radix.radix_system_job_history WHERE job_id = job
-        ORDER BY history_id DESC OFFSET 256 LIMIT 1)
-$$;
 
 -- The tick's outcome on success: the next planned tick, or complete for a one-time job (or a cron
 -- schedule with no further tick). Fenced by the lease token: returns false when the lease was lost.
@@ -1093,7 +1170,7 @@ BEGIN
     END IF;
     INSERT INTO radix.attempt_frames AS f
         (pid, backend_start, job_id, attempt, planned_ns, idempotency_key, lease_token)
-    VALUES (pg_backend_pid(), (SELECT backend_start FROM pg_stat_activity WHERE pid = pg_backend_pid()),
+    VALUES (pg_backend_pid(), (SELECT a.backend_start FROM pg_stat_get_activity(pg_backend_pid()) a),
             job, s.attempt, s.planned_ns, s.idempotency_key, token)
     ON CONFLICT (pid) DO UPDATE SET backend_start = excluded.backend_start, job_id = excluded.job_id,
         attempt = excluded.attempt, planned_ns = excluded.planned_ns,
@@ -1190,9 +1267,9 @@ $$;
 CREATE FUNCTION radix._frame() RETURNS radix.attempt_frames
 LANGUAGE sql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
-RETURN (SELECT f FROM radix.attempt_frames f JOIN pg_stat_activity a
-          ON a.pid = f.pid AND a.backend_start = f.backend_start
-        WHERE f.pid = pg_backend_pid());
+RETURN (SELECT f FROM radix.attempt_frames f
+        WHERE f.pid = pg_backend_pid() AND EXISTS (
+            SELECT 1 FROM pg_stat_get_activity(f.pid) a WHERE a.backend_start = f.backend_start));
 
 CREATE FUNCTION radix.current_job_id() RETURNS uuid LANGUAGE sql STABLE
 RETURN (radix._frame()).job_id;
@@ -1221,8 +1298,8 @@ BEGIN
     RETURN FOUND;
 END $$;
 
-REVOKE ALL ON FUNCTION radix.register_node(text, text, integer), radix.claim_due(text, integer),
-    radix._prune_history(uuid), radix._advance(uuid, uuid, bigint, boolean, jsonb),
+REVOKE ALL ON FUNCTION radix.register_node(text, text, integer), radix.claim_due(text, integer, boolean),
+    radix._advance(uuid, uuid, bigint, boolean, jsonb),
     radix.finish_attempt(uuid, uuid, text, jsonb, bigint, bigint, boolean, boolean), radix.release_claims(text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION radix.begin_attempt(uuid, uuid), radix.end_attempt(uuid, uuid, bigint, boolean),
     radix.current_job_id(), radix.current_job_attempt(), radix.current_job_scheduled_at(),
@@ -1528,8 +1605,8 @@ DECLARE
                                'DAILY_END_TIME', 'ERROR_TEXT'];
     key text := radix.document_num(doc);
     principal pg_roles;
-    props jsonb;
-    status text := doc->>'status';
+    new_props jsonb;
+    new_status text := doc->>'status';
     ignored jsonb := (SELECT coalesce(jsonb_agg(k ORDER BY k COLLATE "C"), '[]')
                       FROM jsonb_object_keys(doc->'props') k WHERE k = ANY (maintained));
     old radix.cron_table;
@@ -1537,23 +1614,23 @@ DECLARE
 BEGIN
     SELECT * INTO principal FROM pg_roles
     WHERE rolname = coalesce(doc->'props'->>'RUN_AS', (SELECT rolname FROM pg_roles WHERE oid = caller));
-    props := (SELECT coalesce(jsonb_object_agg(k, v), '{}') FROM jsonb_each(doc->'props') AS e(k, v)
+    new_props := (SELECT coalesce(jsonb_object_agg(k, v), '{}') FROM jsonb_each(doc->'props') AS e(k, v)
               WHERE k <> ALL (maintained) AND jsonb_typeof(v) <> 'null')
              || jsonb_build_object('RUN_AS', principal.rolname);
     SELECT * INTO old FROM radix.cron_table WHERE num = key FOR UPDATE;
     IF NOT FOUND THEN
         INSERT INTO radix.cron_table (num, status, props, owner_oid, writer_oid, principal_oid, first_run)
-        VALUES (key, status, props, caller, caller, principal.oid, (props->>'FIRST_RUN')::timestamptz);
+        VALUES (key, new_status, new_props, caller, caller, principal.oid, (new_props->>'FIRST_RUN')::timestamptz);
         RETURN jsonb_build_object('num', key, 'action', 'created', 'version', 1, 'ignored', ignored);
     END IF;
-    IF old.props = props AND old.status = status THEN
+    IF old.props = new_props AND old.status = new_status THEN
         RETURN jsonb_build_object('num', key, 'action', 'unchanged', 'version', old.version, 'ignored', ignored);
     END IF;
-    rearm := status = 'CRON_TABLE_ACTIVE' AND old.status <> 'CRON_TABLE_ACTIVE';
+    rearm := new_status = 'CRON_TABLE_ACTIVE' AND old.status <> 'CRON_TABLE_ACTIVE';
     UPDATE radix.cron_table c SET
-        status = _doc_write.status, props = _doc_write.props, writer_oid = caller,
+        status = new_status, props = new_props, writer_oid = caller,
         principal_oid = principal.oid, version = c.version + 1,
-        first_run = (_doc_write.props->>'FIRST_RUN')::timestamptz,
+        first_run = (new_props->>'FIRST_RUN')::timestamptz,
         count_error = CASE WHEN rearm THEN 0 ELSE c.count_error END,
         error_text = CASE WHEN rearm THEN NULL ELSE c.error_text END,
         next_run = CASE WHEN rearm THEN NULL ELSE c.next_run END,
@@ -1823,8 +1900,9 @@ BEGIN
         SELECT c.num, p.id, p.status, p.finished_at, p.error_text
         FROM radix.cron_table c LEFT JOIN radix.sys_processes p ON p.id = c.sys_process_id
         WHERE c.status <> 'CRON_TABLE_ACTIVE' AND c.sys_process_id IS NOT NULL
+          AND NOT c.sys_process_id = ANY (in_flight)
           AND (p.id IS NULL OR p.status <> 'running'
-               OR CASE WHEN p.node = my_node THEN NOT p.id = ANY (in_flight) ELSE NOT radix.node_alive(p.node) END)
+               OR CASE WHEN p.node = my_node THEN true ELSE NOT radix.node_alive(p.node) END)
         FOR UPDATE OF c SKIP LOCKED
     ), closed AS (
         UPDATE radix.sys_processes p SET status = 'failed', finished_at = now_ts,

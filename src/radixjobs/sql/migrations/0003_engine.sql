@@ -36,6 +36,12 @@ CREATE TABLE radix.idempotency_keys (
 ALTER TABLE radix.radix_system_job_state ADD COLUMN atomic_hint boolean;
 CREATE UNIQUE INDEX radix_system_job_history_running
     ON radix.radix_system_job_history (job_id, planned_ns, attempt) WHERE status = 'running';
+-- Running claims by node: finding the claims of dead nodes reads only running rows, whatever the number
+-- of jobs (radix_system_job_state_due holds every scheduled row, so it cannot serve this).
+CREATE INDEX radix_system_job_state_running ON radix.radix_system_job_state (lease_node)
+    WHERE status = 'running';
+-- Cron jobs, for the engine's planning pass (it must not read every job to find the few cron ones).
+CREATE INDEX jobs_cron ON radix.jobs (job_id) WHERE schedule_kind = 'cron';
 ALTER TABLE radix.radix_system_job_history DROP CONSTRAINT radix_system_job_history_job_id_planned_ns_attempt_key;
 
 REVOKE ALL ON radix.nodes, radix.attempt_frames, radix.idempotency_keys FROM PUBLIC;
@@ -53,14 +59,16 @@ RETURN EXISTS (
          AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
     WHERE n.node_id = node);
 
--- A committed frame whose backend still runs (pid and start time both match).
+-- A committed frame whose backend still runs (pid and start time both match). The backend is looked
+-- up by pid only when a frame exists (pg_stat_activity would build a row for every backend).
+-- radix.claim_due inlines the same test.
 CREATE FUNCTION radix.job_has_live_frame(job uuid) RETURNS boolean
 LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp
 RETURN EXISTS (
-    SELECT 1 FROM radix.attempt_frames f JOIN pg_stat_activity a
-      ON a.pid = f.pid AND a.backend_start = f.backend_start
-    WHERE f.job_id = job);
+    SELECT 1 FROM radix.attempt_frames f
+    WHERE f.job_id = job
+      AND EXISTS (SELECT 1 FROM pg_stat_get_activity(f.pid) a WHERE a.backend_start = f.backend_start));
 
 -- Register a node (idempotent); returns its advisory lock key. The caller then takes
 -- pg_advisory_lock(radix.node_lock_class(), key) on its control session and keeps it.
@@ -74,46 +82,88 @@ AS $$
     RETURNING lock_key
 $$;
 
--- claim_due: claim up to `max_claims` due ticks for `node`. A row is claimable when it is due
--- (scheduled / retry_wait with due_ns <= now), or running with a lease that expired or whose node is
--- dead, and no committed frame of the job has a live backend. Missed interval ticks coalesce to the
--- latest due one (counted) when a fresh tick starts; a resumed claim keeps its planned time, attempt
--- number and idempotency key. Each claim writes the state and a 'running' history row together.
-CREATE FUNCTION radix.claim_due(node text, max_claims integer)
+-- claim_due: claim up to `max_claims` ticks for `node`. Claimable: the claims of dead nodes (running,
+-- their node's advisory lock gone), then due rows in due order (scheduled / retry_wait with due_ns <=
+-- now, or running with an expired lease); never a job with a committed frame whose backend still runs,
+-- and never a row locked by a running atomic attempt (KEY SHARE) or another claimer (SKIP LOCKED).
+-- With `with_cron` false, cron ticks are left alone (the engine plans them first, see planning.py).
+-- Missed interval ticks coalesce to the latest due one (counted) when a fresh tick starts; a resumed
+-- claim keeps its planned time, attempt number and idempotency key. Each claim writes the state and a
+-- 'running' history row together.
+-- Cost: index scans over the rows it takes (radix_system_job_state_due stops at max_claims) and over
+-- running rows (radix_system_job_state_running); pg_locks is read once, and only when another node
+-- holds a running claim. The catalog is never scanned, so a claim costs the same at 10 or 10^6 jobs.
+CREATE FUNCTION radix.claim_due(node text, max_claims integer, with_cron boolean DEFAULT true)
 RETURNS TABLE (job_id uuid, definition_version bigint, lease_token uuid, planned_ns bigint,
                attempt integer, idempotency_key text, resumed boolean, coalesced bigint,
                anchor_ns bigint)
-LANGUAGE plpgsql VOLATILE
+LANGUAGE plpgsql VOLATILE ROWS 16
 SET search_path = pg_catalog, pg_temp
+-- the statements' plans do not depend on the values (index scans by key, ordered by due_ns); custom
+-- plans were re-made at every call (~0.8 ms, most of a claim's cost)
+SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
     now_ts timestamptz := clock_timestamp();
     now_ns bigint := radix.to_ns(now_ts);
+    dead text[] := '{}';
+    picked uuid[] := '{}';
+    resuming boolean;
 BEGIN
-    RETURN QUERY
-    WITH candidates AS (
+    IF EXISTS (SELECT 1 FROM radix.radix_system_job_state s WHERE s.status = 'running' AND s.lease_node <> node)
+    THEN
+        dead := ARRAY(
+            SELECT DISTINCT s.lease_node
+            FROM radix.radix_system_job_state s LEFT JOIN radix.nodes n ON n.node_id = s.lease_node
+            WHERE s.status = 'running' AND s.lease_node <> node
+              AND (n.lock_key IS NULL OR n.lock_key::oid NOT IN (
+                    SELECT l.objid FROM pg_locks l
+                    WHERE l.locktype = 'advisory' AND l.classid = radix.node_lock_class()::oid
+                      AND l.objsubid = 2 AND l.granted
+                      AND l.database = (SELECT d.oid FROM pg_database d WHERE d.datname = current_database()))));
+    END IF;
+    IF cardinality(dead) > 0 THEN
+        picked := ARRAY(
+            SELECT s.job_id FROM radix.radix_system_job_state s
+            WHERE s.status = 'running' AND s.lease_node = ANY (dead)
+              AND NOT EXISTS (
+                  SELECT 1 FROM radix.attempt_frames f
+                  WHERE f.job_id = s.job_id AND EXISTS (
+                      SELECT 1 FROM pg_stat_get_activity(f.pid) a WHERE a.backend_start = f.backend_start))
+            ORDER BY s.due_ns
+            LIMIT max_claims
+            FOR UPDATE SKIP LOCKED);
+    END IF;
+    picked := picked || ARRAY(
         SELECT s.job_id FROM radix.radix_system_job_state s
         WHERE s.status IN ('scheduled', 'retry_wait', 'running') AND s.due_ns <= now_ns
           AND s.planned_ns IS NOT NULL
-        UNION
-        SELECT s.job_id FROM radix.radix_system_job_state s
-        WHERE s.status = 'running' AND NOT radix.node_alive(s.lease_node)
-    ), locked AS (
-        SELECT s.*, j.schedule_kind, j.interval_ns
-        FROM radix.radix_system_job_state s JOIN radix.jobs j USING (job_id)
-        WHERE s.job_id IN (SELECT c.job_id FROM candidates c)
-          AND (s.status <> 'running' OR s.lease_expires_at < now_ts OR NOT radix.node_alive(s.lease_node))
-          AND NOT radix.job_has_live_frame(s.job_id)
+          AND (s.status <> 'running' OR s.lease_expires_at < now_ts)
+          AND s.job_id <> ALL (picked)
+          AND (with_cron OR NOT EXISTS (
+                  SELECT 1 FROM radix.jobs j WHERE j.job_id = s.job_id AND j.schedule_kind = 'cron'))
+          AND NOT EXISTS (
+              SELECT 1 FROM radix.attempt_frames f
+              WHERE f.job_id = s.job_id AND EXISTS (
+                  SELECT 1 FROM pg_stat_get_activity(f.pid) a WHERE a.backend_start = f.backend_start))
         ORDER BY s.due_ns
-        LIMIT max_claims
-        FOR UPDATE OF s SKIP LOCKED
-    ), decided AS (
-        SELECT l.job_id, l.status = 'running' AS resumed,
-               CASE WHEN l.status = 'scheduled' AND l.schedule_kind = 'every' AND l.planned_ns <= now_ns
-                    THEN l.planned_ns + (now_ns - l.planned_ns) / l.interval_ns * l.interval_ns
-                    ELSE l.planned_ns END AS new_planned,
-               l.planned_ns AS old_planned, l.interval_ns, l.schedule_kind, l.status, l.attempt
-        FROM locked l
+        LIMIT max_claims - cardinality(picked)
+        FOR UPDATE SKIP LOCKED);
+    IF cardinality(picked) = 0 THEN
+        RETURN;
+    END IF;
+    resuming := cardinality(dead) > 0 OR EXISTS (
+        SELECT 1 FROM radix.radix_system_job_state s WHERE s.job_id = ANY (picked) AND s.status = 'running');
+
+    RETURN QUERY
+    WITH decided AS (
+        SELECT s.job_id, s.status = 'running' AS resumed,
+               CASE WHEN s.status = 'scheduled' AND j.schedule_kind = 'every' AND s.planned_ns <= now_ns
+                    THEN s.planned_ns + (now_ns - s.planned_ns) / j.interval_ns * j.interval_ns
+                    ELSE s.planned_ns END AS new_planned,
+               s.planned_ns AS old_planned, j.interval_ns, j.schedule_kind
+        FROM radix.radix_system_job_state s JOIN radix.jobs j USING (job_id)
+        WHERE s.job_id = ANY (picked)
     ), claimed AS (
         UPDATE radix.radix_system_job_state s SET
             status = 'running',
@@ -154,28 +204,22 @@ BEGIN
     FROM claimed c;
 
     -- resumed claims: the lost row was closed above; the new attempt gets its own row
-    INSERT INTO radix.radix_system_job_history
-        (job_id, definition_version, planned_ns, attempt, idempotency_key, status, node)
-    SELECT s.job_id, s.definition_version, s.planned_ns, s.attempt, s.idempotency_key, 'running', node
-    FROM radix.radix_system_job_state s
-    WHERE s.lease_node = node AND s.status = 'running' AND s.updated_at = now_ts
-      AND NOT EXISTS (SELECT 1 FROM radix.radix_system_job_history h
-                      WHERE h.job_id = s.job_id AND h.planned_ns = s.planned_ns
-                        AND h.attempt = s.attempt AND h.status = 'running');
-    PERFORM radix._prune_history(s.job_id)
-    FROM radix.radix_system_job_state s WHERE s.lease_node = node AND s.updated_at = now_ts;
+    IF resuming THEN
+        INSERT INTO radix.radix_system_job_history
+            (job_id, definition_version, planned_ns, attempt, idempotency_key, status, node)
+        SELECT s.job_id, s.definition_version, s.planned_ns, s.attempt, s.idempotency_key, 'running', node
+        FROM unnest(picked) AS p(job_id) JOIN radix.radix_system_job_state s ON s.job_id = p.job_id
+        WHERE s.lease_node = node AND s.status = 'running' AND s.updated_at = now_ts
+          AND NOT EXISTS (SELECT 1 FROM radix.radix_system_job_history h
+                          WHERE h.job_id = s.job_id AND h.planned_ns = s.planned_ns
+                            AND h.attempt = s.attempt AND h.status = 'running');
+    END IF;
+    -- keep at most 256 history rows per job
+    DELETE FROM radix.radix_system_job_history h USING unnest(picked) AS p(job_id)
+    WHERE h.job_id = p.job_id AND h.history_id <= (
+        SELECT o.history_id FROM radix.radix_system_job_history o WHERE o.job_id = p.job_id
+        ORDER BY o.history_id DESC OFFSET 256 LIMIT 1);
 END $$;
-
--- Keep at most 256 history rows per job (called in the transaction that adds one).
-CREATE FUNCTION radix._prune_history(job uuid) RETURNS void
-LANGUAGE sql VOLATILE
-SET search_path = pg_catalog, pg_temp
-AS $$
-    DELETE FROM radix.radix_system_job_history
-    WHERE job_id = job AND history_id <= (
-        SELECT history_id FROM radix.radix_system_job_history WHERE job_id = job
-        ORDER BY history_id DESC OFFSET 256 LIMIT 1)
-$$;
 
 -- The tick's outcome on success: the next planned tick, or complete for a one-time job (or a cron
 -- schedule with no further tick). Fenced by the lease token: returns false when the lease was lost.
@@ -240,7 +284,7 @@ BEGIN
     END IF;
     INSERT INTO radix.attempt_frames AS f
         (pid, backend_start, job_id, attempt, planned_ns, idempotency_key, lease_token)
-    VALUES (pg_backend_pid(), (SELECT backend_start FROM pg_stat_activity WHERE pid = pg_backend_pid()),
+    VALUES (pg_backend_pid(), (SELECT a.backend_start FROM pg_stat_get_activity(pg_backend_pid()) a),
             job, s.attempt, s.planned_ns, s.idempotency_key, token)
     ON CONFLICT (pid) DO UPDATE SET backend_start = excluded.backend_start, job_id = excluded.job_id,
         attempt = excluded.attempt, planned_ns = excluded.planned_ns,
@@ -337,9 +381,9 @@ $$;
 CREATE FUNCTION radix._frame() RETURNS radix.attempt_frames
 LANGUAGE sql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
-RETURN (SELECT f FROM radix.attempt_frames f JOIN pg_stat_activity a
-          ON a.pid = f.pid AND a.backend_start = f.backend_start
-        WHERE f.pid = pg_backend_pid());
+RETURN (SELECT f FROM radix.attempt_frames f
+        WHERE f.pid = pg_backend_pid() AND EXISTS (
+            SELECT 1 FROM pg_stat_get_activity(f.pid) a WHERE a.backend_start = f.backend_start));
 
 CREATE FUNCTION radix.current_job_id() RETURNS uuid LANGUAGE sql STABLE
 RETURN (radix._frame()).job_id;
@@ -368,8 +412,8 @@ BEGIN
     RETURN FOUND;
 END $$;
 
-REVOKE ALL ON FUNCTION radix.register_node(text, text, integer), radix.claim_due(text, integer),
-    radix._prune_history(uuid), radix._advance(uuid, uuid, bigint, boolean, jsonb),
+REVOKE ALL ON FUNCTION radix.register_node(text, text, integer), radix.claim_due(text, integer, boolean),
+    radix._advance(uuid, uuid, bigint, boolean, jsonb),
     radix.finish_attempt(uuid, uuid, text, jsonb, bigint, bigint, boolean, boolean), radix.release_claims(text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION radix.begin_attempt(uuid, uuid), radix.end_attempt(uuid, uuid, bigint, boolean),
     radix.current_job_id(), radix.current_job_attempt(), radix.current_job_scheduled_at(),

@@ -1,0 +1,44 @@
+"""Benchmarks of radixjobs: ``python bench/run.py SCENARIO [--json] [options]``.
+
+Scenarios: baseline, throughput, lateness, scale, failover (see docs/benchmarks.md). Each creates its own
+embedded server in a temporary directory (or uses ``--dsn``, a superuser DSN) and its own database.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from harness import bench_database, emit, parse_settings
+
+SCENARIOS = ("baseline", "throughput", "lateness", "scale", "failover")
+
+
+def parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(prog="bench/run.py", description=__doc__.splitlines()[0])
+    commands = top.add_subparsers(dest="scenario", required=True, metavar="SCENARIO")
+    for name in SCENARIOS:
+        module = importlib.import_module(f"scenarios.{name}")
+        sub = commands.add_parser(name, help=(module.__doc__ or "").splitlines()[0])
+        sub.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+        sub.add_argument("--dsn", default=None, help="superuser DSN of a server to use instead of an embedded one")
+        sub.add_argument("--setting", action="append", default=[], metavar="NAME=VALUE",
+                         help="a setting of the embedded server (repeatable), e.g. synchronous_commit=off")
+        module.add_arguments(sub)
+    return top
+
+
+def main() -> None:
+    args = parser().parse_args()
+    module = importlib.import_module(f"scenarios.{args.scenario}")
+    with bench_database(args.scenario, args.dsn, parse_settings(args.setting)) as db:
+        result = module.run(db, args)
+    emit(args.scenario, result, args.json)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,90 @@
+"""Lateness: jobs EVERY 1 second run by radixjobs serve; procedure start − planned time, ticks missed.
+
+The procedure (bench.tick) records clock_timestamp() as its first statement and the planned time from
+radix.current_job_scheduled_at(); both come from the database clock. Only ticks planned inside the
+measurement window count (it starts a few seconds after the daemon, so start-up is not measured).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Any
+
+import psutil
+
+from harness import BenchDatabase, CpuMeter, Daemon, clone_jobs, percentile
+from scenarios import baseline
+
+NS = 1_000_000_000
+
+CREATE_JOB = """
+SELECT radix.create_job('bench.l0', jsonb_build_object('every', '1 second'), %s, 'bench.tick')
+"""
+
+# Per job: ticks planned inside [w0, w1) (its grid is anchor + k·interval), and those that ran.
+TICKS = """
+WITH w AS (SELECT %(w0)s::bigint AS w0, %(w1)s::bigint AS w1),
+expected AS (
+    SELECT s.job_id,
+           greatest(0, (w.w1 - 1 - s.anchor_ns) / j.interval_ns - (w.w0 - 1 - s.anchor_ns) / j.interval_ns) AS n
+    FROM radix.radix_system_job_state s JOIN radix.jobs j USING (job_id), w
+    WHERE j.schema_name = 'bench' AND j.job_name LIKE 'l%%'
+),
+ran AS (
+    SELECT t.job, radix.to_ns(t.planned) AS planned_ns,
+           extract(epoch FROM t.started - t.planned) * 1000 AS late_ms
+    FROM bench.ticks t, w
+    WHERE radix.to_ns(t.planned) >= w.w0 AND radix.to_ns(t.planned) < w.w1
+)
+SELECT (SELECT sum(n) FROM expected), (SELECT count(*) FROM ran),
+       (SELECT count(*) FROM (SELECT 1 FROM ran GROUP BY job, planned_ns HAVING count(*) > 1) d),
+       (SELECT array_agg(late_ms::float8) FROM ran)
+"""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    baseline.add_arguments(parser)
+    parser.add_argument("--jobs", type=int, default=200, help="jobs EVERY 1 second (default 200)")
+    parser.add_argument("--seconds", type=float, default=60.0, help="measurement window (default 60)")
+    parser.add_argument("--phase", choices=("spread", "aligned"), default="spread",
+                        help="ticks spread evenly over the second (default), or all jobs due at the same instant")
+    parser.add_argument("--concurrency", type=int, default=8, help="per-database concurrency (daemon default 8)")
+
+
+def run(db: BenchDatabase, args: argparse.Namespace) -> dict[str, Any]:
+    one = baseline.measure(db, 1, args.baseline_seconds)
+    with db.connect() as conn:
+        conn.execute(CREATE_JOB.encode(), (db.principal,))
+        spread_ns = (args.jobs - 1) * NS // args.jobs if args.phase == "spread" else 0
+        clone_jobs(conn, "l0", "l", args.jobs - 1, vary=False, spread_ns=spread_ns)
+    daemon = Daemon(db.dsn, "bench-lateness", "--per-database-concurrency", str(args.concurrency),
+                    "--concurrency", str(max(32, args.concurrency)))
+    try:
+        time.sleep(3.0)  # start-up: connections, first claims
+        w0 = int(db.scalar("SELECT radix.to_ns(clock_timestamp())"))
+        meter = CpuMeter(db, daemon.proc.pid)
+        time.sleep(args.seconds)
+        cpu = meter.used()
+        w1 = w0 + int(args.seconds * NS)
+        time.sleep(2.0)  # the window's last ticks finish
+        rss = psutil.Process(daemon.proc.pid).memory_info().rss
+    finally:
+        daemon.stop()
+    with db.connect() as conn:
+        row = conn.execute(TICKS.encode(), {"w0": w0, "w1": w1}).fetchone()
+    assert row is not None
+    expected, ran, duplicates, late = int(row[0] or 0), int(row[1]), int(row[2]), list(row[3] or [])
+    result: dict[str, Any] = {
+        "jobs": args.jobs, "phase": args.phase, "seconds": args.seconds, "concurrency": args.concurrency,
+        "ticks_expected": expected, "ticks_run": ran, "ticks_missed": expected - ran,
+        "duplicate_ticks": duplicates,
+        "daemon_cpu_percent_of_a_core": round(100 * cpu["daemon"] / args.seconds, 1),
+        "server_cpu_percent_of_a_core": round(100 * cpu["server"] / args.seconds, 1),
+        "daemon_rss_mb": round(rss / 2**20, 1),
+    }
+    if late:
+        result |= {"lateness_p50_ms": round(percentile(late, 0.50), 2),
+                   "lateness_p99_ms": round(percentile(late, 0.99), 2),
+                   "lateness_max_ms": round(max(late), 2)}
+    return {"lateness": result, "baseline": {"one_connection_commits_per_s": round(one)}}

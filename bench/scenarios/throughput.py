@@ -1,0 +1,98 @@
+"""Throughput: N one-time jobs all due at once, each an atomic procedure updating one row; attempts/s."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+from typing import Any
+
+from harness import BenchDatabase, CpuMeter, Daemon, clone_jobs, wait_for
+from radixjobs.engine import Engine
+from scenarios import baseline
+
+CREATE_JOB = """
+SELECT radix.create_job('bench.t0', jsonb_build_object('at', clock_timestamp()::text), %s, 'bench.touch',
+                        jsonb_build_object('row_id', 0))
+"""
+
+SUMMARY = """
+SELECT count(*) FILTER (WHERE status = 'succeeded'), count(*) FILTER (WHERE status <> 'succeeded'),
+       count(*) FILTER (WHERE atomic), extract(epoch FROM max(finished_at) - min(started_at))
+FROM radix.radix_system_job_history
+"""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    baseline.add_arguments(parser)
+    parser.add_argument("--jobs", type=int, default=10_000, help="one-time jobs to run (default 10000)")
+    parser.add_argument("--runner", choices=("serve", "engine"), default="serve",
+                        help="radixjobs serve in a subprocess (default), or an Engine in this process")
+    parser.add_argument("--concurrency", type=int, default=8, help="attempts at once (the daemon's default 8)")
+    parser.add_argument("--daemons", type=int, default=1, help="radixjobs serve processes (default 1)")
+
+
+async def run_engine(dsn: str, concurrency: int, meter: CpuMeter | None = None) -> int:
+    """Run everything due with an Engine in this process; the meter is read before its connections close."""
+    async with Engine(dsn, node_id="bench-engine", concurrency=concurrency) as engine:
+        ran = await engine.run_due()
+        if meter is not None:
+            meter.stop()
+        return ran
+
+
+def run_jobs(db: BenchDatabase, args: argparse.Namespace) -> dict[str, float]:
+    """Run every job; returns CPU seconds used meanwhile by the daemon (or this process) and the server."""
+    if args.runner == "engine":
+        meter = CpuMeter(db)
+        started = time.process_time()
+        asyncio.run(run_engine(db.dsn, args.concurrency, meter))
+        return meter.used() | {"daemon": time.process_time() - started}
+    with db.connect() as conn:  # held back until every daemon is up, then all due at once
+        conn.execute(b"UPDATE radix.radix_system_job_state SET due_ns = NULL")
+    daemons = [Daemon(db.dsn, f"bench-serve-{i}", "--per-database-concurrency", str(args.concurrency),
+                      "--concurrency", str(max(32, args.concurrency))) for i in range(args.daemons)]
+    try:
+        meters = [CpuMeter(db, daemon.proc.pid) for daemon in daemons]
+        with db.connect() as conn:
+            conn.execute(b"UPDATE radix.radix_system_job_state SET due_ns = planned_ns")
+            conn.execute(b"NOTIFY radix_jobs")
+        wait_for(lambda: db.scalar("SELECT count(*) = %s FROM radix.radix_system_job_history "
+                                   "WHERE finished_at IS NOT NULL", (args.jobs,)),
+                 timeout=600, interval=0.25, message="every attempt to finish")
+        used = [meter.used() for meter in meters]
+        return {"daemon": sum(u["daemon"] for u in used), "server": used[0]["server"]}
+    finally:
+        for daemon in daemons:
+            daemon.stop()
+
+
+def run(db: BenchDatabase, args: argparse.Namespace) -> dict[str, Any]:
+    one = baseline.measure(db, 1, args.baseline_seconds)
+    with db.connect() as conn:
+        conn.execute(b"INSERT INTO bench.counters (id) SELECT g FROM generate_series(0, %s) g", (args.jobs - 1,))
+        started = time.monotonic()
+        conn.execute(CREATE_JOB.encode(), (db.principal,))
+        clone_jobs(conn, "t0", "t", args.jobs - 1, vary=True)
+        create_s = time.monotonic() - started
+    cpu = run_jobs(db, args)
+    with db.connect() as conn:
+        row = conn.execute(SUMMARY.encode()).fetchone()
+        effects = conn.execute(b"SELECT count(*) FILTER (WHERE n = 1), sum(n) FROM bench.counters "
+                               b"WHERE id >= 0").fetchone()
+    assert row is not None
+    assert effects is not None
+    succeeded, other, atomic, span_s = row
+    rate = succeeded / float(span_s)
+    return {
+        "throughput": {"jobs": args.jobs, "runner": args.runner, "concurrency": args.concurrency,
+                       "daemons": args.daemons if args.runner == "serve" else 0,
+                       "succeeded": succeeded, "not_succeeded": other, "atomic": atomic,
+                       "rows_updated_once": effects[0] == args.jobs and effects[1] == args.jobs,
+                       "seconds_first_start_to_last_finish": round(float(span_s), 3),
+                       "attempts_per_s": round(rate), "ratio_to_baseline": round(rate / one, 3),
+                       "scheduler_cpu_us_per_attempt": round(cpu["daemon"] / args.jobs * 1e6),
+                       "server_cpu_us_per_attempt": round(cpu["server"] / args.jobs * 1e6),
+                       "create_jobs_s": round(create_s, 1)},
+        "baseline": {"one_connection_commits_per_s": round(one)},
+    }
