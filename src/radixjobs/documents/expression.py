@@ -13,7 +13,7 @@ end of the run, passed in, so the next time does not depend on when the evaluati
 and tests can drive time. ``evaluate`` runs the checked statement with that parameter (extended
 protocol: one statement only) in a READ ONLY transaction that is rolled back, with a short
 statement_timeout, search_path = pg_catalog and TimeZone = UTC, on a connection logged in as the
-document's principal; the pool's reset (DISCARD ALL) cleans the session after.
+document's principal; the pool's reset (everything DISCARD ALL does but DISCARD PLANS) cleans the session after.
 """
 
 from __future__ import annotations
