@@ -28,6 +28,7 @@ from radixjobs.documents.expression import CheckedExpression, EvaluationFailed, 
 from radixjobs.documents.model import document_num, document_problems
 from radixjobs.engine.principals import PrincipalPools
 from radixjobs.errors import ConfigError
+from tests.support import wait_for
 
 T0 = dt.datetime(2025, 1, 1, tzinfo=dt.UTC)
 HOUR = dt.timedelta(hours=1)
@@ -595,14 +596,21 @@ def record_process(tenant: Tenant, num: Any, node: str, status: str = "running",
     return int(row[0])
 
 
+def dead_node(tenant: Tenant, db: str, node: str) -> None:
+    """Register ``node`` from a session that then ends: the node is dead."""
+    with psycopg.connect(db, autocommit=True) as gone:
+        gone.execute("SELECT radix.register_node(%s, 'nowhere', 1)", (node,))
+    wait_for(lambda: tenant.admin.execute("SELECT radix.node_alive(%s)", (node,)).fetchone() == (False,),
+             message=f"node {node}'s session to end")
+
+
 async def test_a_process_whose_node_died_is_run_again(tenant: Tenant, db: str, clock: Clock) -> None:
     tenant.apply([doc(1), doc(2)])
-    tenant.admin.execute("SELECT radix.register_node('ghost', 'nowhere', 1), radix.register_node('alive', 'h', 2)")
+    dead_node(tenant, db, "ghost")
     ghost = record_process(tenant, 1, "ghost")
     alive = record_process(tenant, 2, "alive")
     with psycopg.connect(db, autocommit=True) as holder:
-        holder.execute("SELECT pg_advisory_lock(radix.node_lock_class(), lock_key) FROM radix.nodes "
-                       "WHERE node_id = 'alive'")
+        holder.execute("SELECT radix.register_node('alive', 'h', 2)")  # alive while this session is
         async with scheduler(db, clock) as s:
             assert await s.run_due() == 1  # only the dead node's task
             assert s.counters["doc_restarts"] == 1
@@ -637,7 +645,7 @@ async def test_recorded_outcomes_are_finished_and_lost_processes_rerun(tenant: T
 
 async def test_inactive_tasks_release_lost_processes_on_reload(tenant: Tenant, db: str, clock: Clock) -> None:
     tenant.apply(doc(1))
-    tenant.admin.execute("SELECT radix.register_node('ghost', 'nowhere', 1)")
+    dead_node(tenant, db, "ghost")
     record_process(tenant, 1, "ghost")
     tenant.apply(doc(1, status="CRON_TABLE_PASSIVE"))
     async with scheduler(db, clock) as s:

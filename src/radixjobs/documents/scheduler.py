@@ -18,10 +18,9 @@ documents' maintained times and the expressions' now(); None means the database 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 import logging
-import os
-import socket
 import threading
 import time
 from collections import Counter
@@ -38,15 +37,21 @@ from radixjobs.documents import expression, model
 from radixjobs.documents.model import Candidate, Started
 from radixjobs.documents.services import ServiceRegistry, ServiceSpec
 from radixjobs.documents.services import call as call_service
+from radixjobs.engine.nodes import register_node
 from radixjobs.engine.principals import PrincipalPools
 from radixjobs.engine.runner import default_node_id
-from radixjobs.errors import ConfigError
 
 log = logging.getLogger("radixjobs.documents")
 
 Clock = Callable[[], dt.datetime]
 COUNTER_KEYS: Final = ("doc_runs", "doc_successes", "doc_failures", "doc_passive", "doc_errors", "doc_restarts")
 MAX_ROUNDS: Final = 100
+# A DB_FUNCTION run holds the session-level advisory lock (RUN_LOCK_CLASS, hashtext(NUM)) on its principal
+# connection. A run whose node died is started again at once, but its orphaned backend may still be running
+# the function (it notices its client is gone within client_connection_check_interval): the new run waits
+# for the lock, so two runs of one task never overlap. The connection's cleaning releases the lock.
+RUN_LOCK_CLASS: Final = 1918986361
+RUN_LOCK_POLL_S: Final = 0.05
 
 
 class DocumentScheduler:
@@ -89,20 +94,15 @@ class DocumentScheduler:
         await self.close()
 
     async def start(self) -> None:
-        """Open connections and register this node; its advisory lock marks its processes alive."""
+        """Open connections and register this node (alive while its control session is), unless it
+        shares the node of an Engine of this process (hold_node_lock=False)."""
         await self._pool.open(wait=True)
-        self._control = await psycopg.AsyncConnection.connect(self.dsn, autocommit=True)
-        cur = await self._control.execute("SELECT radix.register_node(%s, %s, %s)",
-                                          (self.node_id, socket.gethostname(), os.getpid()))
-        row = await cur.fetchone()
-        assert row is not None
         if self.hold_node_lock:
-            cur = await self._control.execute("SELECT pg_try_advisory_lock(radix.node_lock_class(), %s)", (row[0],))
-            locked = await cur.fetchone()
-            if not (locked and locked[0]):
+            try:
+                self._control = await register_node(self.dsn, self.node_id)
+            except BaseException:
                 await self.close()
-                raise ConfigError(f"node {self.node_id!r} is already alive in another session: give each "
-                                  "scheduler its own node_id (or hold_node_lock=False to share an Engine's)")
+                raise
 
     async def close(self) -> None:
         """Stop service workers, wait (bounded) for running tasks, close every connection."""
@@ -239,7 +239,7 @@ class DocumentScheduler:
             try:
                 log.info("document run start num=%s process=%s kind=%s target=%s node=%s", c.num,
                          started.process_id, started.kind, started.target, self.node_id)
-                error = await self._execute(started)
+                error = await self._execute(started, c.num)
                 self.counters["doc_failures" if error else "doc_successes"] += 1
                 if error:
                     self._error(c.num, started.process_id, error)
@@ -314,7 +314,7 @@ class DocumentScheduler:
             return None, f"cannot evaluate as RUN_AS: {text}"
         return value, None
 
-    async def _execute(self, started: Started) -> str | None:
+    async def _execute(self, started: Started, num: str) -> str | None:
         """Run the target; the one-line error, or None on success."""
         if started.refusal:
             return started.refusal
@@ -327,9 +327,28 @@ class DocumentScheduler:
             return f"DB_FUNCTION {started.target!r} is not a function name"
         try:
             async with self._principals.connection(started.principal) as conn:
-                return await self._call_function(conn, parts)
+                refused = await self._wait_for_previous_run(conn, num)
+                if refused is not None:
+                    return refused
+                try:
+                    return await self._call_function(conn, parts)
+                finally:
+                    await _release_run_lock(conn, num)
         except psycopg.OperationalError as exc:  # the login failed, or the session was lost
             return expression.db_error_text(exc, prefix=f"RUN_AS {started.principal}: ")
+
+    async def _wait_for_previous_run(self, conn: psycopg.AsyncConnection[Any], num: str) -> str | None:
+        """Take the task's run lock (see RUN_LOCK_CLASS); an error when a previous run holds it too long."""
+        deadline = time.monotonic() + self.db_timeout_s
+        while True:
+            cur = await conn.execute("SELECT pg_try_advisory_lock(%s, hashtext(%s))", (RUN_LOCK_CLASS, num))
+            row = await cur.fetchone()
+            if row and row[0]:
+                return None
+            if time.monotonic() >= deadline:
+                return (f"the previous run of task {num} was still running after {self.db_timeout_s:g} s "
+                        "(its session holds the task's run lock)")
+            await asyncio.sleep(RUN_LOCK_POLL_S)
 
     async def _call_function(self, conn: psycopg.AsyncConnection[Any], parts: tuple[str, ...]) -> str | None:
         """SELECT f() or CALL p(), by what the name is; bounded by db_timeout_s (then the backend is ended)."""
@@ -396,6 +415,14 @@ class DocumentScheduler:
 
     def _error(self, num: str, process_id: int | None, error: str) -> None:
         self.last_error = {"num": num, "process_id": process_id, "error": error, "node": self.node_id}
+
+
+async def _release_run_lock(conn: psycopg.AsyncConnection[Any], num: str) -> None:
+    """Release the task's run lock now (closing or cleaning the connection would release it anyway)."""
+    if conn.closed or conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+        return
+    with contextlib.suppress(psycopg.Error):
+        await conn.execute("SELECT pg_advisory_unlock(%s, hashtext(%s))", (RUN_LOCK_CLASS, num))
 
 
 async def _wait_any(events: tuple[asyncio.Event, ...], seconds: float) -> None:

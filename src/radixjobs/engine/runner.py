@@ -36,6 +36,7 @@ from radixjobs.engine.definitions import (
     JobDefinition,
     definition_from_row,
 )
+from radixjobs.engine.nodes import register_node
 from radixjobs.engine.planning import CRON_DUE, plan_cron
 from radixjobs.engine.principals import PrincipalPools
 from radixjobs.engine.slots import Slots
@@ -99,14 +100,9 @@ class Engine:
         await self.close()
 
     async def start(self) -> None:
-        """Open connections and register this node; its advisory lock marks it alive."""
+        """Open connections and register this node: it is alive while its control session is."""
         await self._pool.open(wait=True)
-        self._control = await psycopg.AsyncConnection.connect(self.dsn, autocommit=True)
-        cur = await self._control.execute("SELECT radix.register_node(%s, %s, %s)",
-                                          (self.node_id, socket.gethostname(), os.getpid()))
-        row = await cur.fetchone()
-        assert row is not None
-        await self._control.execute("SELECT pg_advisory_lock(radix.node_lock_class(), %s)", (row[0],))
+        self._control = await register_node(self.dsn, self.node_id)
 
     async def shutdown(self, grace_s: float) -> None:
         """Stop claiming; wait up to ``grace_s`` for running attempts, then cancel them (recorded as

@@ -19,7 +19,7 @@ log = logging.getLogger("radixjobs.server")
 
 CHANNELS = ("radix_jobs", "radix_documents")
 
-# Claims still held under this node id after its engine took the node's advisory lock come from a
+# Claims still held under this node id after its engine registered the node come from a
 # previous life of the node (kill -9 then a restart with the same --node-id, or a session lost with a
 # PostgreSQL restart): other nodes see the node alive and leave them alone, and its own claim_due waits
 # for their 5-minute lease. Expiring the leases lets them be resumed at once, with the same tick, attempt

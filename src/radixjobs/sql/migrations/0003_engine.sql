@@ -5,9 +5,10 @@
 -- control session holds its advisory lock, so a crashed node's claims are resumed within seconds.
 
 CREATE TABLE radix.nodes (
-    node_id     text PRIMARY KEY,
-    lock_key    integer GENERATED ALWAYS AS IDENTITY UNIQUE,
-    hostname    text,
+    node_id       text PRIMARY KEY,
+    backend_pid   integer,       -- the node's control session: the node is alive while it is
+    backend_start timestamptz,
+    hostname      text,
     pid         integer,
     started_at  timestamptz NOT NULL DEFAULT clock_timestamp(),
     last_seen   timestamptz NOT NULL DEFAULT clock_timestamp()
@@ -46,18 +47,15 @@ ALTER TABLE radix.radix_system_job_history DROP CONSTRAINT radix_system_job_hist
 
 REVOKE ALL ON radix.nodes, radix.attempt_frames, radix.idempotency_keys FROM PUBLIC;
 
--- Advisory lock class of node liveness locks: pg_advisory_lock(radix.node_lock_class(), lock_key).
-CREATE FUNCTION radix.node_lock_class() RETURNS integer LANGUAGE sql IMMUTABLE RETURN 1918986360;
-
+-- A node is alive while its control session is: the backend recorded at registration still runs (pid and
+-- start time both match, so neither a reused pid nor another role's session can stand in for it).
 CREATE FUNCTION radix.node_alive(node text) RETURNS boolean
 LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp
 RETURN EXISTS (
-    SELECT 1 FROM radix.nodes n JOIN pg_locks l
-      ON l.locktype = 'advisory' AND l.classid = radix.node_lock_class()::oid
-         AND l.objid = n.lock_key::oid AND l.objsubid = 2 AND l.granted
-         AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-    WHERE n.node_id = node);
+    SELECT 1 FROM radix.nodes n
+    WHERE n.node_id = node
+      AND EXISTS (SELECT 1 FROM pg_stat_get_activity(n.backend_pid) a WHERE a.backend_start = n.backend_start));
 
 -- A committed frame whose backend still runs (pid and start time both match). The backend is looked
 -- up by pid only when a frame exists (pg_stat_activity would build a row for every backend).
@@ -70,20 +68,31 @@ RETURN EXISTS (
     WHERE f.job_id = job
       AND EXISTS (SELECT 1 FROM pg_stat_get_activity(f.pid) a WHERE a.backend_start = f.backend_start));
 
--- Register a node (idempotent); returns its advisory lock key. The caller then takes
--- pg_advisory_lock(radix.node_lock_class(), key) on its control session and keeps it.
-CREATE FUNCTION radix.register_node(node text, host text, os_pid integer) RETURNS integer
-LANGUAGE sql VOLATILE
+-- Register the calling session as the control session of `node`. Returns false (and changes nothing)
+-- when the node is alive in another session: two processes never share a node id.
+CREATE FUNCTION radix.register_node(node text, host text, os_pid integer) RETURNS boolean
+LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
-    INSERT INTO radix.nodes AS n (node_id, hostname, pid) VALUES (node, host, os_pid)
+DECLARE
+    n radix.nodes;
+BEGIN
+    PERFORM pg_advisory_xact_lock(hashtext('radix.node:' || node));
+    SELECT * INTO n FROM radix.nodes WHERE node_id = node;
+    IF FOUND AND n.backend_pid IS DISTINCT FROM pg_backend_pid() AND radix.node_alive(node) THEN
+        RETURN false;
+    END IF;
+    INSERT INTO radix.nodes AS r (node_id, hostname, pid, backend_pid, backend_start)
+    VALUES (node, host, os_pid, pg_backend_pid(),
+            (SELECT a.backend_start FROM pg_stat_get_activity(pg_backend_pid()) a))
     ON CONFLICT (node_id) DO UPDATE SET hostname = excluded.hostname, pid = excluded.pid,
-        last_seen = clock_timestamp()
-    RETURNING lock_key
-$$;
+        backend_pid = excluded.backend_pid, backend_start = excluded.backend_start,
+        last_seen = clock_timestamp();
+    RETURN true;
+END $$;
 
 -- claim_due: claim up to `max_claims` ticks for `node`. Claimable: the claims of dead nodes (running,
--- their node's advisory lock gone), then due rows in due order (scheduled / retry_wait with due_ns <=
+-- their node's control session gone), then due rows in due order (scheduled / retry_wait with due_ns <=
 -- now, or running with an expired lease); never a job with a committed frame whose backend still runs,
 -- and never a row locked by a running atomic attempt (KEY SHARE) or another claimer (SKIP LOCKED).
 -- With `with_cron` false, cron ticks are left alone (the engine plans them first, see planning.py).
@@ -91,7 +100,7 @@ $$;
 -- claim keeps its planned time, attempt number and idempotency key. Each claim writes the state and a
 -- 'running' history row together.
 -- Cost: index scans over the rows it takes (radix_system_job_state_due stops at max_claims) and over
--- running rows (radix_system_job_state_running); pg_locks is read once, and only when another node
+-- running rows (radix_system_job_state_running); node liveness is looked up only when another node
 -- holds a running claim. The catalog is never scanned, so a claim costs the same at 10 or 10^6 jobs.
 CREATE FUNCTION radix.claim_due(node text, max_claims integer, with_cron boolean DEFAULT true)
 RETURNS TABLE (job_id uuid, definition_version bigint, lease_token uuid, planned_ns bigint,
@@ -116,11 +125,8 @@ BEGIN
             SELECT DISTINCT s.lease_node
             FROM radix.radix_system_job_state s LEFT JOIN radix.nodes n ON n.node_id = s.lease_node
             WHERE s.status = 'running' AND s.lease_node <> node
-              AND (n.lock_key IS NULL OR n.lock_key::oid NOT IN (
-                    SELECT l.objid FROM pg_locks l
-                    WHERE l.locktype = 'advisory' AND l.classid = radix.node_lock_class()::oid
-                      AND l.objsubid = 2 AND l.granted
-                      AND l.database = (SELECT d.oid FROM pg_database d WHERE d.datname = current_database()))));
+              AND (n.node_id IS NULL OR NOT EXISTS (
+                    SELECT 1 FROM pg_stat_get_activity(n.backend_pid) a WHERE a.backend_start = n.backend_start)));
     END IF;
     IF cardinality(dead) > 0 THEN
         picked := ARRAY(
@@ -385,13 +391,19 @@ RETURN (SELECT f FROM radix.attempt_frames f
         WHERE f.pid = pg_backend_pid() AND EXISTS (
             SELECT 1 FROM pg_stat_get_activity(f.pid) a WHERE a.backend_start = f.backend_start));
 
-CREATE FUNCTION radix.current_job_id() RETURNS uuid LANGUAGE sql STABLE
+-- The readers return one value each; the frame row itself (with its secret lease token) is not for
+-- the procedure: radix._frame() is not granted to PUBLIC.
+CREATE FUNCTION radix.current_job_id() RETURNS uuid
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 RETURN (radix._frame()).job_id;
-CREATE FUNCTION radix.current_job_attempt() RETURNS integer LANGUAGE sql STABLE
+CREATE FUNCTION radix.current_job_attempt() RETURNS integer
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 RETURN (radix._frame()).attempt;
-CREATE FUNCTION radix.current_job_scheduled_at() RETURNS timestamptz LANGUAGE sql STABLE
+CREATE FUNCTION radix.current_job_scheduled_at() RETURNS timestamptz
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 RETURN radix.from_ns((radix._frame()).planned_ns);
-CREATE FUNCTION radix.current_idempotency_key() RETURNS text LANGUAGE sql STABLE
+CREATE FUNCTION radix.current_idempotency_key() RETURNS text
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 RETURN (radix._frame()).idempotency_key;
 
 -- once(): true the first time the current tick's idempotency key is seen, false after. For procedures
@@ -417,4 +429,5 @@ REVOKE ALL ON FUNCTION radix.register_node(text, text, integer), radix.claim_due
     radix.finish_attempt(uuid, uuid, text, jsonb, bigint, bigint, boolean, boolean), radix.release_claims(text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION radix.begin_attempt(uuid, uuid), radix.end_attempt(uuid, uuid, bigint, boolean),
     radix.current_job_id(), radix.current_job_attempt(), radix.current_job_scheduled_at(),
-    radix.current_idempotency_key(), radix.once(), radix._frame() TO PUBLIC;
+    radix.current_idempotency_key(), radix.once() TO PUBLIC;
+REVOKE ALL ON FUNCTION radix._frame() FROM PUBLIC;
