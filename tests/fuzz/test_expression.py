@@ -1,0 +1,144 @@
+"""INTERVAL / INTERVAL_ERROR expressions: the checker refuses with a one-line reason, or accepts, and what it
+accepts is verified again by an independent walk over the statement that would run.
+
+The walk is the oracle: whatever text got in, the deparsed statement must be ``SELECT CAST(<expr> AS
+timestamptz)`` built only from allow-listed node types, functions, types and operators, with "now" as the
+one parameter ``$1`` — never a FROM, a sub-query, a column, a second statement or an unlisted function.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import given
+from hypothesis import strategies as st
+from pglast import ast, parse_sql
+from pglast.visitors import Visitor
+
+from radixjobs.documents.expression import (
+    ALLOWED_FUNCTIONS,
+    ALLOWED_OPERATORS,
+    ALLOWED_TYPES,
+    NOW_FUNCTIONS,
+    ExpressionRefused,
+    check,
+)
+from tests.fuzz import fuzz_settings
+
+ACCEPTED = [
+    "NOW() + INTERVAL '5 minutes'", "DATE_TRUNC('day', NOW()) + INTERVAL '1 day' + INTERVAL '3 hours'",
+    "date_trunc('week', now()) + interval '1 week 9 hours'",
+    "(date_trunc('day', now() AT TIME ZONE 'Europe/Moscow') + interval '1 day 3 hours') AT TIME ZONE 'Europe/Moscow'",
+    "greatest(now() + interval '1 minute', '2025-06-01'::timestamptz)", "coalesce(NULL, now() + interval '1 day')",
+    "CASE WHEN extract(dow FROM now()) = 5 THEN now() + interval '3 days' ELSE now() + interval '1 day' END",
+    "date_bin('15 minutes', now(), '2000-01-01') + interval '15 minutes'", "CURRENT_DATE + 1",
+    "to_timestamp(floor(extract(epoch FROM now()) / 60) * 60 + 60)", "localtimestamp(0) + interval '1 hour'",
+    "make_interval(hours => 1) + now()", "now() + interval '1' hour", "nullif(now(), now()) IS NULL",
+]
+ATTACKS = [
+    "; DROP TABLE t", ") FROM pg_authid --", " UNION SELECT now()", "::regclass", " || 'x'", "(SELECT 1)",
+    " FROM pg_sleep(10)", "), pg_sleep(10", " /* */ ", "--", "$1", " COLLATE \"C\"", "pg_sleep(1)",
+    "set_config('a', 'b', false)", "public.now()", "'x'::app.t", "ARRAY[1]", "current_user", "E'\\''",
+    "$$;$$", "now() OPERATOR(public.+) 1", "lo_import('/etc/passwd')", "query_to_xml('select 1', true, true, '')",
+    " WHERE true", "\x00", "\\", "'", "\"", "(", ")", "[", "]",
+]
+TOKENS = ["now()", "NOW()", "current_timestamp", "CURRENT_DATE", "localtime(2)", "interval", "INTERVAL '1 day'",
+          "'1 hour'", "'2025-01-01'", "::", "timestamptz", "date", "text", "int", "+", "-", "*", "/", "%", "<",
+          "=", "(", ")", ",", "AND", "OR", "NOT", "IS", "NULL", "CASE", "WHEN", "THEN", "ELSE", "END",
+          "BETWEEN", "AT TIME ZONE", "'UTC'", "date_trunc", "extract", "epoch FROM", "greatest", "coalesce",
+          "make_interval", "hours =>", "1", "1.5", "true", *ATTACKS]
+ALLOWED_NODES = {"SelectStmt", "ResTarget", "TypeCast", "TypeName", "String", "Integer", "Float", "Boolean",
+                 "A_Const", "ParamRef", "FuncCall", "NamedArgExpr", "A_Expr", "BoolExpr", "NullTest",
+                 "BooleanTest", "CaseExpr", "CaseWhen", "CoalesceExpr", "MinMaxExpr", "BitString"}
+SELECT_CLAUSES = ("distinctClause", "intoClause", "fromClause", "whereClause", "groupClause", "havingClause",
+                  "windowClause", "valuesLists", "sortClause", "limitOffset", "limitCount", "lockingClause",
+                  "withClause", "larg", "rarg")
+
+
+def _last(names: Any) -> str:
+    parts = [n.sval for n in names]
+    assert len(parts) == 1 or (len(parts) == 2 and parts[0] == "pg_catalog"), parts
+    return str(parts[-1])
+
+
+class _Oracle(Visitor):
+    """Fails on anything outside the allow-list in a parse tree."""
+
+    def visit(self, ancestors: Any, node: Any) -> None:
+        kind = type(node).__name__
+        assert kind in ALLOWED_NODES, kind
+        if isinstance(node, ast.FuncCall):
+            name = _last(node.funcname)
+            assert name in ALLOWED_FUNCTIONS, name
+            assert not (name in NOW_FUNCTIONS and not node.args), "now() must have become $1"
+        elif isinstance(node, ast.TypeName):
+            assert _last(node.names) in ALLOWED_TYPES | {"timestamptz", "interval"}, node.names
+        elif isinstance(node, ast.ParamRef):
+            assert node.number == 1
+        elif isinstance(node, ast.A_Expr) and node.name:
+            assert _last(node.name) in ALLOWED_OPERATORS, node.name
+
+
+def accepted_or_refused_cleanly(text: str) -> None:
+    try:
+        checked = check(text)
+    except ExpressionRefused as exc:
+        message = str(exc)
+        assert message
+        assert "\n" not in message, repr(message)
+        return
+    statements = parse_sql(checked.sql)
+    assert len(statements) == 1
+    stmt = statements[0].stmt
+    assert isinstance(stmt, ast.SelectStmt)
+    for clause in SELECT_CLAUSES:
+        assert not getattr(stmt, clause, None), clause
+    assert stmt.targetList is not None
+    (target,) = stmt.targetList
+    assert isinstance(target.val, ast.TypeCast)
+    assert target.val.typeName is not None
+    assert _last(target.val.typeName.names) == "timestamptz"
+    _Oracle()(stmt)
+
+
+@fuzz_settings()
+@given(st.text(max_size=300))
+def test_random_text(text: str) -> None:
+    accepted_or_refused_cleanly(text)
+
+
+@fuzz_settings()
+@given(st.lists(st.sampled_from(TOKENS), min_size=1, max_size=25), st.sampled_from([" ", ""]))
+def test_token_soup(tokens: list[str], separator: str) -> None:
+    accepted_or_refused_cleanly(separator.join(tokens))
+
+
+@st.composite
+def mutated(draw: st.DrawFn) -> str:
+    text = draw(st.sampled_from(ACCEPTED))
+    for _ in range(draw(st.integers(1, 3))):
+        at = draw(st.integers(0, len(text)))
+        operation = draw(st.sampled_from(["insert", "delete", "attack", "truncate", "wrap"]))
+        if operation == "insert":
+            text = text[:at] + draw(st.sampled_from(TOKENS)) + text[at:]
+        elif operation == "delete":
+            text = text[:at] + text[at + draw(st.integers(1, 8)):]
+        elif operation == "attack":
+            text = text[:at] + draw(st.sampled_from(ATTACKS)) + text[at:]
+        elif operation == "truncate":
+            text = text[:at]
+        else:
+            text = f"{draw(st.sampled_from(['(', 'coalesce(', 'greatest(now(), ', 'NOT ']))}{text})"
+    return text
+
+
+@fuzz_settings()
+@given(mutated())
+def test_mutated_expressions(text: str) -> None:
+    accepted_or_refused_cleanly(text)
+
+
+def test_the_seeds_are_accepted() -> None:
+    for text in ACCEPTED:
+        check(text)
+        accepted_or_refused_cleanly(text)

@@ -1,0 +1,1 @@
+"""Security campaign: escape and escalation attempts, each refused or without effect; redaction everywhere."""
