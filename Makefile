@@ -31,3 +31,9 @@ unit: $(STAMP)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis
+
+## One benchmark scenario (docs/benchmarks.md): make bench SCENARIO=throughput
+SCENARIO ?= baseline
+bench: $(STAMP)
+	$(BIN)/pip install --quiet -e '.[bench]'
+	$(BIN)/python bench/run.py $(SCENARIO)
