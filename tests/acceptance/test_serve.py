@@ -62,8 +62,10 @@ def test_nodes_share_the_work_without_duplicates(app: App, tmp_path: Path, nodes
     _jobs(app, 100)
     daemons = [Serve(tmp_path, env=_dsn_env(app), name=f"node{i}") for i in range(nodes)]
     try:
-        wait_for(lambda: app.conn.execute("SELECT count(*) FROM app.effects").fetchone()[0] >= 1000,  # type: ignore[index]
-                 timeout=120, interval=0.5, message="1000 attempts")
+        wait_for(lambda: app.conn.execute(
+            "SELECT count(*) >= 1000 AND (SELECT count(DISTINCT node) FROM radix.radix_system_job_history) = %s "
+            "FROM app.effects", (nodes,)).fetchone() == (True,),
+            timeout=180, interval=0.5, message="1000 attempts, by every node")
         for daemon in daemons:
             daemon.signal(signal.SIGTERM)
         assert [daemon.wait() for daemon in daemons] == [0] * nodes
