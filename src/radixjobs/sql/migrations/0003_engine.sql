@@ -77,17 +77,16 @@ AS $$
 DECLARE
     n radix.nodes;
 BEGIN
-    PERFORM pg_advisory_xact_lock(hashtext('radix.node:' || node));
-    SELECT * INTO n FROM radix.nodes WHERE node_id = node;
-    IF FOUND AND n.backend_pid IS DISTINCT FROM pg_backend_pid() AND radix.node_alive(node) THEN
+    -- serialise on the node's own row (no other role can lock it), never on an advisory key
+    INSERT INTO radix.nodes (node_id) VALUES (node) ON CONFLICT (node_id) DO NOTHING;
+    SELECT * INTO n FROM radix.nodes WHERE node_id = node FOR UPDATE;
+    IF n.backend_pid IS DISTINCT FROM pg_backend_pid() AND radix.node_alive(node) THEN
         RETURN false;
     END IF;
-    INSERT INTO radix.nodes AS r (node_id, hostname, pid, backend_pid, backend_start)
-    VALUES (node, host, os_pid, pg_backend_pid(),
-            (SELECT a.backend_start FROM pg_stat_get_activity(pg_backend_pid()) a))
-    ON CONFLICT (node_id) DO UPDATE SET hostname = excluded.hostname, pid = excluded.pid,
-        backend_pid = excluded.backend_pid, backend_start = excluded.backend_start,
-        last_seen = clock_timestamp();
+    UPDATE radix.nodes SET hostname = host, pid = os_pid, backend_pid = pg_backend_pid(),
+        backend_start = (SELECT a.backend_start FROM pg_stat_get_activity(pg_backend_pid()) a),
+        last_seen = clock_timestamp()
+    WHERE node_id = node;
     RETURN true;
 END $$;
 
