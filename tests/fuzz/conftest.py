@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import HealthCheck, settings
 
 from tests.fuzz import PROFILE_VARIABLE, profile_name
@@ -16,3 +17,11 @@ settings.register_profile("campaign", max_examples=10_000, deadline=None, suppre
 
 if profile_name() not in ("ci", "campaign"):
     raise RuntimeError(f"{PROFILE_VARIABLE} must be 'ci' or 'campaign', not {profile_name()!r}")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A campaign target runs for minutes: lift the suite's 300 s per-test timeout for it."""
+    if profile_name() == "campaign":
+        for item in items:
+            if item.nodeid.startswith("tests/fuzz/"):
+                item.add_marker(pytest.mark.timeout(3600))

@@ -74,10 +74,18 @@ def _check_split(script: str) -> None:
     for statement in statements:
         assert statement.text
         assert statement.text == statement.text.strip()
-        found = script.find(statement.text, offset)
-        assert found >= 0, (statement, script)  # each statement is a piece of the script, in order
-        assert script.count("\n", 0, found) + 1 == statement.line
+        found = _find_on_line(script, statement.text, offset, statement.line)
+        assert found >= 0, (statement, script)  # each statement is a piece of the script, in order, on its line
         offset = found + len(statement.text)
+
+
+def _find_on_line(script: str, text: str, offset: int, line: int) -> int:
+    """Where ``text`` occurs after ``offset`` starting on ``line`` (the same text may also occur earlier,
+    inside a comment that swallowed it), or -1."""
+    found = script.find(text, offset)
+    while found >= 0 and script.count("\n", 0, found) + 1 < line:
+        found = script.find(text, found + 1)
+    return found if found >= 0 and script.count("\n", 0, found) + 1 == line else -1
 
 
 @fuzz_settings()

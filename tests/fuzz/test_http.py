@@ -16,7 +16,7 @@ from urllib.parse import quote
 
 import httpx
 import pytest
-from hypothesis import given
+from hypothesis import given, reject
 from hypothesis import strategies as st
 
 from radixjobs.server import Daemon, DaemonConfig
@@ -83,7 +83,10 @@ bodies = st.one_of(st.none(), st.binary(max_size=300), st.sampled_from([b"{", b'
 @given(st.sampled_from(METHODS), paths, queries, headers, bodies)
 def test_any_request(client: Client, metric_series: int, method: str, path: str, query: dict[str, str],
                      header: dict[str, str], body: bytes | None) -> None:
-    response = client.request(method, path, params=query, headers=header, content=body)
+    try:
+        response = client.request(method, path, params=query, headers=header, content=body)
+    except httpx.InvalidURL:  # refused by the client (e.g. a control character after "#"): never sent
+        reject()
     assert response.status_code < 500, (method, path, response.status_code, response.text[:500])
     assert "Traceback" not in response.text
     sent = response.request.url.path  # as httpx normalised it ("/status/." is "/status/")

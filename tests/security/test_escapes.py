@@ -267,6 +267,41 @@ def test_a_principal_cannot_keep_a_node_from_starting(app: App) -> None:
         asyncio.run(start())
 
 
+def test_a_role_cannot_hold_up_a_node_registering(app: App, roles: Any) -> None:
+    """Registration serialises on a lock of the node's name; no other role may take it and make the node
+    wait (the advisory key is computable by anyone: hashtext('radix.node:' || node))."""
+    attacker = roles("attacker")
+
+    async def start() -> None:
+        engine = Engine(app.dsn, node_id="next")
+        try:
+            await asyncio.wait_for(engine.start(), 3)
+        finally:
+            await engine.close()
+
+    with _connect_as(app, attacker) as conn:
+        conn.execute("SELECT pg_advisory_lock(hashtext('radix.node:next'))")
+        asyncio.run(start())
+
+
+def test_a_role_cannot_hold_up_another_roles_document(app: App, roles: Any) -> None:
+    """A document's run waits only for an earlier run of that task, never for a lock another role can take."""
+    attacker = roles("attacker")
+    app.conn.execute("CREATE FUNCTION public.noop() RETURNS void LANGUAGE sql AS $$ SELECT 1 $$")
+    documents.apply(app.conn, {"dockind": "CRON_TABLE", "status": "CRON_TABLE_ACTIVE", "props": {
+        "NUM": 1, "DB_FUNCTION": "noop", "RUN_AS": app.principal, "INTERVAL": "now() + interval '1 hour'"}})
+
+    async def run() -> None:
+        async with DocumentScheduler(app.dsn, entry_points=False, db_timeout_s=3) as scheduler:
+            await scheduler.run_due()
+
+    with _connect_as(app, attacker) as conn:
+        conn.execute("SELECT pg_advisory_lock(c, hashtext('1')) FROM generate_series(1918986355, 1918986365) c")
+        asyncio.run(run())
+    props = documents.get_document(app.conn, 1)["props"]  # type: ignore[index]
+    assert (props["COUNT_ERROR"], props["ERROR_TEXT"]) == (0, None)
+
+
 def test_documents_cannot_be_written_in_another_roles_name(app: App, roles: Any) -> None:
     """radix._apply_documents(creator, …) is callable by anyone: naming a role the session cannot become
     gains nothing (the same rule as _create_job)."""

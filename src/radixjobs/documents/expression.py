@@ -65,12 +65,23 @@ _SETTINGS: Final = ("SELECT set_config('statement_timeout', %s, true), set_confi
                     "set_config('DateStyle', 'ISO, MDY', true), set_config('IntervalStyle', 'postgres', true)")
 
 
+# The reasons quote pieces of the user's text (a token, a name): its control characters are escaped, so a
+# reason stays one line wherever it is shown (ERROR_TEXT, the CLI's list of problems, logs).
+_ONE_LINE: Final = {c: f"\\x{c:02x}" for c in [*range(32), 127]} | {9: "\\t", 10: "\\n", 13: "\\r"}
+
+
 class ExpressionRefused(ValueError):
     """The expression is not acceptable; ``str()`` says why, in one line."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason.translate(_ONE_LINE))
 
 
 class EvaluationFailed(Exception):
     """PostgreSQL could not evaluate a checked expression; ``str()`` says why, in one line."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason.translate(_ONE_LINE))
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,6 @@ documents' maintained times and the expressions' now(); None means the database 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import datetime as dt
 import logging
 import threading
@@ -46,12 +45,15 @@ log = logging.getLogger("radixjobs.documents")
 Clock = Callable[[], dt.datetime]
 COUNTER_KEYS: Final = ("doc_runs", "doc_successes", "doc_failures", "doc_passive", "doc_errors", "doc_restarts")
 MAX_ROUNDS: Final = 100
-# A DB_FUNCTION run holds the session-level advisory lock (RUN_LOCK_CLASS, hashtext(NUM)) on its principal
-# connection. A run whose node died is started again at once, but its orphaned backend may still be running
-# the function (it notices its client is gone within client_connection_check_interval): the new run waits
-# for the lock, so two runs of one task never overlap. The connection's cleaning releases the lock.
-RUN_LOCK_CLASS: Final = 1918986361
-RUN_LOCK_POLL_S: Final = 0.05
+# A run started again because its node died may find the killed run's backend still executing the
+# DB_FUNCTION (an orphaned backend notices its client is gone within client_connection_check_interval).
+# The call carries the task in a comment (RUN_TAG, the NUM in hex), and a rerun waits until no backend of
+# the principal is still running a call so tagged, so two runs of one task never overlap. Only sessions
+# logged in as the principal can look like that; no lock another role could take is involved.
+RUN_TAG: Final = "/* radixjobs task {} */"
+STILL_RUNNING: Final = ("SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE usename = %s AND state <> 'idle' "
+                        "AND query LIKE %s)")
+RERUN_POLL_S: Final = 0.05
 
 
 class DocumentScheduler:
@@ -239,7 +241,7 @@ class DocumentScheduler:
             try:
                 log.info("document run start num=%s process=%s kind=%s target=%s node=%s", c.num,
                          started.process_id, started.kind, started.target, self.node_id)
-                error = await self._execute(started, c.num)
+                error = await self._execute(started, c.num, rerun=action is model.Action.RERUN)
                 self.counters["doc_failures" if error else "doc_successes"] += 1
                 if error:
                     self._error(c.num, started.process_id, error)
@@ -314,7 +316,7 @@ class DocumentScheduler:
             return None, f"cannot evaluate as RUN_AS: {text}"
         return value, None
 
-    async def _execute(self, started: Started, num: str) -> str | None:
+    async def _execute(self, started: Started, num: str, *, rerun: bool) -> str | None:
         """Run the target; the one-line error, or None on success."""
         if started.refusal:
             return started.refusal
@@ -325,32 +327,32 @@ class DocumentScheduler:
         parts = model.parse_function_name(started.target)
         if parts is None:
             return f"DB_FUNCTION {started.target!r} is not a function name"
+        if rerun and await self._previous_run_still_running(started.principal, num):
+            return (f"the previous run of task {num} was still running after {self.db_timeout_s:g} s "
+                    "(its node is gone, its session is not)")
         try:
             async with self._principals.connection(started.principal) as conn:
-                refused = await self._wait_for_previous_run(conn, num)
-                if refused is not None:
-                    return refused
-                try:
-                    return await self._call_function(conn, parts)
-                finally:
-                    await _release_run_lock(conn, num)
+                return await self._call_function(conn, parts, num)
         except psycopg.OperationalError as exc:  # the login failed, or the session was lost
             return expression.db_error_text(exc, prefix=f"RUN_AS {started.principal}: ")
 
-    async def _wait_for_previous_run(self, conn: psycopg.AsyncConnection[Any], num: str) -> str | None:
-        """Take the task's run lock (see RUN_LOCK_CLASS); an error when a previous run holds it too long."""
+    async def _previous_run_still_running(self, principal: str, num: str) -> bool:
+        """Wait (up to db_timeout_s) until no session of ``principal`` runs a call tagged for task ``num``;
+        True when one still does."""
+        pattern = "%" + RUN_TAG.format(num.encode().hex()) + "%"
         deadline = time.monotonic() + self.db_timeout_s
         while True:
-            cur = await conn.execute("SELECT pg_try_advisory_lock(%s, hashtext(%s))", (RUN_LOCK_CLASS, num))
-            row = await cur.fetchone()
-            if row and row[0]:
-                return None
+            async with self._pool.connection() as conn:
+                cur = await conn.execute(STILL_RUNNING, (principal, pattern))
+                row = await cur.fetchone()
+            if not (row and row[0]):
+                return False
             if time.monotonic() >= deadline:
-                return (f"the previous run of task {num} was still running after {self.db_timeout_s:g} s "
-                        "(its session holds the task's run lock)")
-            await asyncio.sleep(RUN_LOCK_POLL_S)
+                return True
+            await asyncio.sleep(RERUN_POLL_S)
 
-    async def _call_function(self, conn: psycopg.AsyncConnection[Any], parts: tuple[str, ...]) -> str | None:
+    async def _call_function(self, conn: psycopg.AsyncConnection[Any], parts: tuple[str, ...],
+                             num: str) -> str | None:
         """SELECT f() or CALL p(), by what the name is; bounded by db_timeout_s (then the backend is ended)."""
         quoted = ".".join('"' + p.replace('"', '""') + '"' for p in parts)
         try:
@@ -362,7 +364,8 @@ class DocumentScheduler:
             return f"[42883] function {quoted}() does not exist (DB_FUNCTION is called without arguments)"
         if row[0] not in ("f", "p"):
             return f"[42809] {quoted}() is an aggregate or window function"
-        verb = sql.SQL("CALL {}()" if row[0] == "p" else "SELECT {}()").format(sql.Identifier(*parts))
+        verb = sql.SQL(("CALL {}() " if row[0] == "p" else "SELECT {}() ") + RUN_TAG.format(num.encode().hex())
+                       ).format(sql.Identifier(*parts))
         pid = conn.info.backend_pid
         call = asyncio.create_task(conn.execute(verb))
         try:
@@ -415,14 +418,6 @@ class DocumentScheduler:
 
     def _error(self, num: str, process_id: int | None, error: str) -> None:
         self.last_error = {"num": num, "process_id": process_id, "error": error, "node": self.node_id}
-
-
-async def _release_run_lock(conn: psycopg.AsyncConnection[Any], num: str) -> None:
-    """Release the task's run lock now (closing or cleaning the connection would release it anyway)."""
-    if conn.closed or conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
-        return
-    with contextlib.suppress(psycopg.Error):
-        await conn.execute("SELECT pg_advisory_unlock(%s, hashtext(%s))", (RUN_LOCK_CLASS, num))
 
 
 async def _wait_any(events: tuple[asyncio.Event, ...], seconds: float) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import socket
 from typing import Any
@@ -10,6 +11,20 @@ from typing import Any
 import psycopg
 
 from radixjobs.errors import ConfigError
+
+log = logging.getLogger("radixjobs.engine")
+
+# Claims still held under a node id when the node registers come from a previous life of the node
+# (kill -9 then a restart with the same node id, or a session lost with a PostgreSQL restart): other nodes
+# saw the node alive and left them alone, and its own claim_due would wait out their 5-minute lease.
+# Expiring the leases lets them be resumed at once, with the same tick, attempt and key. A backend of that
+# previous life that still runs keeps the job safe as always: its KEY SHARE lock (atomic) or its live
+# frame (non-atomic) makes every claim skip the job until it is gone.
+RESUME_PREVIOUS_CLAIMS = """
+UPDATE radix.radix_system_job_state SET lease_expires_at = clock_timestamp(),
+    due_ns = radix.to_ns(clock_timestamp())
+WHERE lease_node = %s AND status = 'running' AND lease_expires_at > clock_timestamp()
+"""
 
 # A previous session of the same node id may take a moment to end (a restart right after a close).
 REGISTER_TIMEOUT_S = 5.0
@@ -25,6 +40,7 @@ async def register_node(dsn: str, node_id: str) -> psycopg.AsyncConnection[Any]:
                                         (node_id, socket.gethostname(), os.getpid()))
             row = await cur.fetchone()
             if row and row[0]:
+                await resume_previous_claims(control, node_id)
                 return control
             if asyncio.get_running_loop().time() > deadline:
                 raise ConfigError(f"node {node_id!r} is already alive in another session: "
@@ -33,3 +49,9 @@ async def register_node(dsn: str, node_id: str) -> psycopg.AsyncConnection[Any]:
     except BaseException:
         await control.close()
         raise
+
+
+async def resume_previous_claims(control: psycopg.AsyncConnection[Any], node_id: str) -> None:
+    cur = await control.execute(RESUME_PREVIOUS_CLAIMS, (node_id,))
+    if cur.rowcount:
+        log.info("resuming %d claim(s) of this node's previous life node=%s", cur.rowcount, node_id)

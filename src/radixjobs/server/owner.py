@@ -18,18 +18,6 @@ from radixjobs.engine.slots import Slots
 log = logging.getLogger("radixjobs.server")
 
 CHANNELS = ("radix_jobs", "radix_documents")
-
-# Claims still held under this node id after its engine registered the node come from a
-# previous life of the node (kill -9 then a restart with the same --node-id, or a session lost with a
-# PostgreSQL restart): other nodes see the node alive and leave them alone, and its own claim_due waits
-# for their 5-minute lease. Expiring the leases lets them be resumed at once, with the same tick, attempt
-# and key. A backend of that previous life that still runs keeps the job safe as always: its KEY SHARE
-# lock (atomic) or its live frame (non-atomic) makes every claim skip the job until it is gone.
-RESUME_PREVIOUS_CLAIMS = """
-UPDATE radix.radix_system_job_state SET lease_expires_at = clock_timestamp(),
-    due_ns = radix.to_ns(clock_timestamp())
-WHERE lease_node = %s AND status = 'running' AND lease_expires_at > clock_timestamp()
-"""
 UNCLAIMABLE_PAUSE_S = 0.01
 
 
@@ -86,10 +74,6 @@ class DatabaseOwner:
         documents_task = asyncio.create_task(documents.serve(self._documents_stop), name=f"documents:{self.name}")
         listener = await psycopg.AsyncConnection.connect(self.dsn, autocommit=True)
         try:
-            cur = await listener.execute(RESUME_PREVIOUS_CLAIMS, (self.node_id,))
-            if cur.rowcount:
-                log.info("resuming %d claim(s) of this node's previous life db=%s node=%s", cur.rowcount,
-                         self.name, self.node_id)
             for channel in CHANNELS:
                 await listener.execute(f"LISTEN {channel}")
             self.connected = True
