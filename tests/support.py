@@ -5,13 +5,28 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from radixjobs.embedded import EmbeddedServer
 
 T = TypeVar("T")
+
+# The DocScheduler seed's own example document (seeds/002): hourly log archiving, 5-minute retry, 3 errors.
+SEED: dict[str, Any] = {
+    "dockind": "CRON_TABLE",
+    "status": "CRON_TABLE_ACTIVE",
+    "props": {
+        "NUM": 101,
+        "DESCR": "Ежечасная архивация логов",
+        "DB_FUNCTION": "archive_logs",
+        "INTERVAL": "NOW() + INTERVAL '1 hour'",
+        "INTERVAL_ERROR": "NOW() + INTERVAL '5 minutes'",
+        "MAX_COUNT_ERROR": 3,
+        "FIRST_RUN": "2025-01-01T00:00:00",
+    },
+}
 
 
 @dataclass

@@ -17,20 +17,7 @@ from click.testing import CliRunner, Result
 from radixjobs.cli_docs import docs_group
 from radixjobs.errors import RadixError
 from tests.acceptance.conftest import Run
-
-SEED = {
-    "dockind": "CRON_TABLE",
-    "status": "CRON_TABLE_ACTIVE",
-    "props": {
-        "NUM": 101,
-        "DESCR": "Ежечасная архивация логов",
-        "DB_FUNCTION": "archive_logs",
-        "INTERVAL": "NOW() + INTERVAL '1 hour'",
-        "INTERVAL_ERROR": "NOW() + INTERVAL '5 minutes'",
-        "MAX_COUNT_ERROR": 3,
-        "FIRST_RUN": "2025-01-01T00:00:00",
-    },
-}
+from tests.support import SEED
 
 
 @pytest.fixture

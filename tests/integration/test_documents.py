@@ -28,25 +28,12 @@ from radixjobs.documents.expression import CheckedExpression, EvaluationFailed, 
 from radixjobs.documents.model import document_num, document_problems
 from radixjobs.engine.principals import PrincipalPools
 from radixjobs.errors import ConfigError
-from tests.support import wait_for
+from tests.support import SEED, wait_for
 
 T0 = dt.datetime(2025, 1, 1, tzinfo=dt.UTC)
 HOUR = dt.timedelta(hours=1)
 MINUTE = dt.timedelta(minutes=1)
 
-SEED: dict[str, Any] = {
-    "dockind": "CRON_TABLE",
-    "status": "CRON_TABLE_ACTIVE",
-    "props": {
-        "NUM": 101,
-        "DESCR": "Ежечасная архивация логов",
-        "DB_FUNCTION": "archive_logs",
-        "INTERVAL": "NOW() + INTERVAL '1 hour'",
-        "INTERVAL_ERROR": "NOW() + INTERVAL '5 minutes'",
-        "MAX_COUNT_ERROR": 3,
-        "FIRST_RUN": "2025-01-01T00:00:00",
-    },
-}
 
 WORK_SQL = """
 CREATE SCHEMA work;

@@ -22,20 +22,8 @@ from radixjobs.documents.model import (
     settle,
     validate,
 )
+from tests.support import SEED
 
-SEED: dict[str, Any] = {
-    "dockind": "CRON_TABLE",
-    "status": "CRON_TABLE_ACTIVE",
-    "props": {
-        "NUM": 101,
-        "DESCR": "Ежечасная архивация логов",
-        "DB_FUNCTION": "archive_logs",
-        "INTERVAL": "NOW() + INTERVAL '1 hour'",
-        "INTERVAL_ERROR": "NOW() + INTERVAL '5 minutes'",
-        "MAX_COUNT_ERROR": 3,
-        "FIRST_RUN": "2025-01-01T00:00:00",
-    },
-}
 T0 = dt.datetime(2025, 1, 1, tzinfo=dt.UTC)
 
 
