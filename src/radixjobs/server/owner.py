@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import psycopg
+from psycopg import sql
 
 from radixjobs.documents.scheduler import DocumentScheduler
 from radixjobs.engine import Engine
@@ -75,7 +76,7 @@ class DatabaseOwner:
         listener = await psycopg.AsyncConnection.connect(self.dsn, autocommit=True)
         try:
             for channel in CHANNELS:
-                await listener.execute(f"LISTEN {channel}")
+                await listener.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
             self.connected = True
             notify_task = asyncio.create_task(self._listen(listener))
             try:
