@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import random
+import shutil
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -159,8 +160,7 @@ def chaos_world(rng: random.Random, keep: bool = False) -> Iterator[World]:
     finally:
         if not keep:
             server.destroy()
-            with contextlib.suppress(OSError):
-                home.rmdir()
+            shutil.rmtree(home, ignore_errors=True)  # the daemons' logs too
 
 
 def _job(conn: psycopg.Connection[Any], name: str, schedule: str, procedure: str, kind: str) -> None:

@@ -2,10 +2,10 @@
 
 The chaos run starts its own embedded PostgreSQL (it restarts it), three daemons and ~100 jobs, and fails
 on any violation: duplicate atomic effects, overlapping attempts, unaccounted ticks, history over 256 rows,
-leases left behind, long stalls after a kill. The two tests below it pin what an early run found: a node
-that comes back with its own node id (a restarted daemon, or one that reconnected after a PostgreSQL
-restart) holds the claims of its previous life, which nobody else resumes because the node looks alive;
-and a document whose node was killed was run again while its orphaned backend was still running it.
+leases left behind, long stalls after a kill. The tests below it pin what early runs found: a node that
+comes back with its own node id (a restarted daemon, or one that reconnected after a PostgreSQL restart)
+held the claims of its previous life, which nobody else resumed because the node looked alive; and a
+document whose node was killed was run again while its orphaned backend was still running it.
 """
 
 from __future__ import annotations

@@ -114,7 +114,8 @@ def command_lines(draw: st.DrawFn, files: dict[str, str]) -> list[str]:
 
 
 def _safe(argv: list[str]) -> bool:
-    return not any(a.startswith(FORBIDDEN) for a in argv)
+    """Never point at a real server; and no NUL byte, which no shell can pass in an argument."""
+    return not any(a.startswith(FORBIDDEN) or "\x00" in a for a in argv)
 
 
 def run_main(argv: list[str], home: str) -> tuple[int, str, str]:
