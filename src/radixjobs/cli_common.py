@@ -14,7 +14,7 @@ import psycopg
 
 from radixjobs import migrate, output
 from radixjobs.config import Target, open_target
-from radixjobs.db import connect
+from radixjobs.db import bound_lock_waits, connect
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -47,16 +47,27 @@ def common_options(func: F) -> F:
 
 
 @contextlib.contextmanager
-def database(opts: Options, *, need_schema: bool = True) -> Iterator[psycopg.Connection[Any]]:
-    """A connection to the target; the embedded default gets the schema installed on the way."""
+def database(opts: Options, *, need_schema: bool = True,
+             bounded: bool = True) -> Iterator[psycopg.Connection[Any]]:
+    """A connection to the target; the embedded default gets the schema installed on the way.
+
+    ``bounded``: radixjobs' own statements wait for locks at most RADIXJOBS_LOCK_TIMEOUT (``sql`` runs the
+    user's statements and leaves the session's lock_timeout alone).
+    """
     with open_target(opts.dsn, opts.home) as target, connect(target.dsn) as conn:
+        if bounded:
+            bound_lock_waits(conn)
         if need_schema:
             ensure_schema(conn, target)
         yield conn
 
 
 def ensure_schema(conn: psycopg.Connection[Any], target: Target) -> None:
-    if target.embedded is not None:
+    """The embedded server gets the schema installed when it is behind; any other database is checked.
+
+    An up-to-date schema is only read (no install, so no lock: a command never waits on an install).
+    """
+    if target.embedded is not None and migrate.installed_version(conn) != migrate.code_version():
         migrate.install(conn)
     else:
         migrate.check_ready(conn)

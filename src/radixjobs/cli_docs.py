@@ -8,8 +8,8 @@ from typing import Any
 
 import click
 
-from radixjobs import migrate, output
-from radixjobs.cli_common import Options, common_options, database, emit
+from radixjobs import output
+from radixjobs.cli_common import Options, common_options, database, emit, ensure_schema
 from radixjobs.config import open_target
 from radixjobs.db import connect
 from radixjobs.documents import store
@@ -139,10 +139,7 @@ def docs_run(opts: Options, once: bool, seconds: float | None, service_pairs: tu
 
     with open_target(opts.dsn, opts.home) as target:
         with connect(target.dsn) as conn:  # the embedded server gets the schema; any other is checked
-            if target.embedded is not None:
-                migrate.install(conn)
-            else:
-                migrate.check_ready(conn)
+            ensure_schema(conn, target)
         result = asyncio.run(go(target.dsn))
     counters = ", ".join(f"{k}={v}" for k, v in sorted(result["counters"].items()))
     emit(opts, result, f"ran {result['runs']} task run(s) on node {result['node']}; counters: {counters}")

@@ -1,7 +1,14 @@
-"""Versioned, forward-only schema migrations, applied under an advisory lock and recorded in a table.
+"""Versioned, forward-only schema migrations, applied under a row lock and recorded in a table.
 
 ``sql/migrations/NNNN_name.sql`` are the steps; ``sql/schema.sql`` is the current schema in one file, used
 for a fresh install. A test checks that both build the same database.
+
+Installs serialise on the row of ``radix.migration_lock`` (created by ``bootstrap.sql``), never on an
+advisory key: any role can hold an advisory lock, and any role with USAGE on schema radix can hold table
+locks on its tables (PREPARE locks without a privilege), but only a privileged statement can lock a row.
+Every wait of an install is bounded (``db.lock_timeout_ms``) and ends in a one-line SchemaError naming
+the sessions holding locks on radix objects. The schema-change notification is a hint, skipped while the
+notification queue is half full (a full queue would fail the COMMIT).
 """
 
 from __future__ import annotations
@@ -13,11 +20,27 @@ from importlib import resources
 from typing import Any
 
 import psycopg
+from psycopg import errors
 
+from radixjobs.db import bound_lock_waits, lock_timeout_ms
 from radixjobs.errors import SchemaError
 
-# pg_advisory_xact_lock key: the bytes "radixmig" read as a big-endian bigint
+# The advisory key installs used before 0005 (the bytes "radixmig" as a big-endian bigint). Nothing takes
+# it any more; kept so tests can show that a role holding it blocks nothing.
 MIGRATION_LOCK_KEY = int.from_bytes(b"radixmig", "big", signed=True)
+# Above this pg_notification_queue_usage() notifications are skipped (radix._hint uses the same level).
+NOTIFY_QUEUE_LIMIT = 0.5
+BOOTSTRAP_ATTEMPTS = 3
+_BOOTSTRAPPED = ("SELECT pg_catalog.to_regclass('radix.schema_migrations') IS NOT NULL "
+                 "AND pg_catalog.to_regclass('radix.migration_lock') IS NOT NULL")
+_LOCK_HOLDERS = """
+SELECT DISTINCT l.pid, a.usename FROM pg_catalog.pg_locks l
+JOIN pg_catalog.pg_stat_activity a ON a.pid OPERATOR(pg_catalog.=) l.pid
+JOIN pg_catalog.pg_class c ON c.oid OPERATOR(pg_catalog.=) l.relation
+WHERE l.granted AND l.pid OPERATOR(pg_catalog.<>) pg_catalog.pg_backend_pid()
+  AND c.relnamespace OPERATOR(pg_catalog.=) pg_catalog.to_regnamespace('radix')
+ORDER BY 1 LIMIT 5
+"""
 _NAME = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
 
 
@@ -54,10 +77,10 @@ def code_version() -> int:
 
 def installed_version(conn: psycopg.Connection[Any]) -> int | None:
     """The database's schema version, or None when radixjobs was never installed there."""
-    row = conn.execute("SELECT to_regclass('radix.schema_migrations') IS NOT NULL").fetchone()
+    row = conn.execute("SELECT pg_catalog.to_regclass('radix.schema_migrations') IS NOT NULL").fetchone()
     if not row or not row[0]:
         return None
-    row = conn.execute("SELECT max(version) FROM radix.schema_migrations").fetchone()
+    row = conn.execute("SELECT pg_catalog.max(version) FROM radix.schema_migrations").fetchone()
     return int(row[0]) if row and row[0] is not None else None
 
 
@@ -66,23 +89,59 @@ def install(conn: psycopg.Connection[Any], *, from_schema: bool = True) -> list[
 
     A fresh database gets ``schema.sql`` (unless ``from_schema`` is False: then every migration).
     """
-    with conn.transaction():
-        conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK_KEY,))
-        current = installed_version(conn)
-        _refuse_newer(current)
-        conn.execute(read_sql("bootstrap.sql"))
-        missing = [m for m in migrations() if current is None or m.version > current]
-        if current is None and from_schema:
-            conn.execute(read_sql("schema.sql"))
-        else:
+    try:
+        _bootstrap(conn)
+        with conn.transaction():
+            bound_lock_waits(conn, local=True)
+            conn.execute("SELECT FROM radix.migration_lock FOR UPDATE")
+            current = installed_version(conn)
+            _refuse_newer(current)
+            missing = [m for m in migrations() if current is None or m.version > current]
+            if current is None and from_schema:
+                conn.execute(read_sql("schema.sql"))
+            else:
+                for migration in missing:
+                    conn.execute(migration.sql)
             for migration in missing:
-                conn.execute(migration.sql)
-        for migration in missing:
-            conn.execute("INSERT INTO radix.schema_migrations (version, name) VALUES (%s, %s)",
-                         (migration.version, migration.name))
-        if missing:
-            conn.execute("SELECT pg_notify('radix_schema', %s)", (str(code_version()),))
+                conn.execute("INSERT INTO radix.schema_migrations (version, name) "
+                              "VALUES (%s::pg_catalog.int4, %s::pg_catalog.text)", (migration.version, migration.name))
+            if missing:
+                conn.execute("SELECT pg_catalog.pg_notify('radix_schema', %s::pg_catalog.text) "
+                             "WHERE pg_catalog.pg_notification_queue_usage() OPERATOR(pg_catalog.<) "
+                             "%s::pg_catalog.float8", (str(code_version()), NOTIFY_QUEUE_LIMIT))
+    except errors.LockNotAvailable:
+        raise SchemaError(_lock_timeout_message(conn)) from None
     return missing
+
+
+def _bootstrap(conn: psycopg.Connection[Any]) -> None:
+    """Create schema radix, the ledger and the install lock's row when missing (committed at once)."""
+    for attempt in range(BOOTSTRAP_ATTEMPTS):
+        try:
+            with conn.transaction():
+                bound_lock_waits(conn, local=True)
+                row = conn.execute(_BOOTSTRAPPED).fetchone()
+                if row and row[0]:
+                    return
+                conn.execute(read_sql("bootstrap.sql"))
+            return
+        except (errors.UniqueViolation, errors.DuplicateSchema, errors.DuplicateTable, errors.DuplicateObject):
+            if attempt == BOOTSTRAP_ATTEMPTS - 1:  # another first install won each race: its objects exist
+                raise
+
+
+def _lock_timeout_message(conn: psycopg.Connection[Any]) -> str:
+    """The one-line error of an install that waited too long for a lock; names who holds radix locks."""
+    text = (f"install waited more than {lock_timeout_ms() / 1000:g}s for a lock in database "
+            f"{conn.info.dbname!r} and changed nothing")
+    try:
+        holders = conn.execute(_LOCK_HOLDERS).fetchall()
+    except psycopg.Error:
+        holders = []
+    if holders:
+        text += "; sessions holding locks on radix objects: " + ", ".join(
+            f"pid {pid} ({user})" for pid, user in holders)
+    return text + ": end them or retry (RADIXJOBS_LOCK_TIMEOUT sets the wait)"
 
 
 def _refuse_newer(current: int | None) -> None:

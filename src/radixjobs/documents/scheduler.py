@@ -32,6 +32,7 @@ from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
 from radixjobs import retry
+from radixjobs.db import abound_lock_waits
 from radixjobs.documents import expression, model
 from radixjobs.documents.model import Candidate, Started
 from radixjobs.documents.services import ServiceRegistry, ServiceSpec
@@ -79,7 +80,8 @@ class DocumentScheduler:
         self.last_error: dict[str, Any] | None = None
         self.cancel = asyncio.Event()
         self._pool = AsyncConnectionPool(dsn, min_size=1, max_size=4, open=False,
-                                         kwargs={"autocommit": True}, name="radix-documents")
+                                         kwargs={"autocommit": True}, name="radix-documents",
+                                         configure=abound_lock_waits)
         self._principals = PrincipalPools(dsn, max_idle=concurrency)
         self._control: psycopg.AsyncConnection[Any] | None = None
         self._slots = asyncio.Semaphore(concurrency)

@@ -26,7 +26,7 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
 from radixjobs import retry
-from radixjobs.db import first_line
+from radixjobs.db import abound_lock_waits, first_line
 from radixjobs.engine.attempt import AttemptRunner, Claim, Outcome
 from radixjobs.engine.definitions import (
     CLAIM,
@@ -80,7 +80,8 @@ class Engine:
         self._due: tuple[float, float] | None = None  # (seconds until due, monotonic time measured)
         self.claim_filled = False  # the last dispatch claimed all it asked for: more may be due at once
         self._pool = AsyncConnectionPool(dsn, min_size=1, max_size=4, open=False,
-                                         kwargs={"autocommit": True}, name="radix-scheduler")
+                                         kwargs={"autocommit": True}, name="radix-scheduler",
+                                         configure=abound_lock_waits)
         self._control: psycopg.AsyncConnection[Any] | None = None
         self._principals = PrincipalPools(dsn, max_idle=concurrency)
         self._runner = AttemptRunner(self._terminate, grace_s=grace_s)
