@@ -1,0 +1,273 @@
+"""Locks and notifications (issue #11, items 5 and 6), attacked through the real paths.
+
+Locks: any role can hold an advisory key, and any role with USAGE on schema radix can hold TABLE locks on
+its tables (PREPARE and CREATE TEMP VIEW lock without a privilege). Admission, document applies, installs,
+``jobs list`` and ``run --once`` must not wait on either; what they may wait on (a row lock taken by
+someone who passed the same checks) is bounded and ends in a one-line error.
+
+Notifications: a LISTENing session that stays in a transaction stops the cluster's NOTIFY queue from
+draining; once it is full, every notifying COMMIT fails. A small separate server (max_notify_queue_pages
+at its minimum) is filled for real; writes and scheduling must go on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+from psycopg.types.json import Jsonb
+
+from radixjobs import catalog, documents, migrate
+from radixjobs.documents import DocumentScheduler
+from radixjobs.embedded import EmbeddedServer
+from radixjobs.engine import Engine
+from radixjobs.errors import AdmissionError
+from tests.acceptance.conftest import run_cli
+from tests.apps import App, make_app
+from tests.support import PgCluster
+
+GUARD = "-c statement_timeout=20s"  # a regression fails the test instead of hanging it
+PROMPT_S = 4.0  # below the 5 s bound on lock waits: "promptly" means nothing was waited for
+
+
+def _as(dsn: str, user: str, *, autocommit: bool = True, options: str = GUARD) -> psycopg.Connection[Any]:
+    return psycopg.connect(dsn, user=user, autocommit=autocommit, options=options)
+
+
+def _document(num: int, principal: str, function: str = "app.touch", status: str = "CRON_TABLE_PASSIVE"
+              ) -> dict[str, Any]:
+    return {"dockind": "CRON_TABLE", "status": status,
+            "props": {"NUM": num, "DB_FUNCTION": function, "RUN_AS": principal,
+                      "INTERVAL": "NOW() + INTERVAL '1 hour'", "FIRST_RUN": "2025-01-01T00:00:00"}}
+
+
+def _prepare_victim(app: App) -> None:
+    """The principal may create jobs in app; app.touch() records a document run."""
+    app.conn.execute(sql.SQL("GRANT CREATE ON SCHEMA app TO {}").format(sql.Identifier(app.principal)))
+    app.conn.execute("CREATE FUNCTION app.touch() RETURNS void LANGUAGE sql "
+                     "AS $$ INSERT INTO app.effects (tag) VALUES ('doc') $$")
+
+
+def _timed(action: Any) -> tuple[Any, float]:
+    started = time.monotonic()
+    value = action()
+    return value, time.monotonic() - started
+
+
+# -- locks --------------------------------------------------------------------------------------------------
+def test_advisory_keys_any_role_holds_block_nothing(app: App, roles: Any) -> None:
+    _prepare_victim(app)
+    attacker = roles("mallory")
+    with _as(app.dsn, attacker) as evil:
+        evil.execute("SELECT pg_advisory_lock(hashtext('radix.job:app.victim')), "
+                     "pg_advisory_lock(hashtext('radix.doc:7')), pg_advisory_lock(%s)",
+                     (migrate.MIGRATION_LOCK_KEY,))
+        with _as(app.dsn, app.principal) as victim:
+            _, took = _timed(lambda: catalog.execute_job_ddl(
+                victim, f"CREATE JOB app.victim SCHEDULE EVERY INTERVAL '1 hour' RUN AS {app.principal} "
+                        "CALL app.record('victim')"))
+            assert took < PROMPT_S
+            _, took = _timed(lambda: documents.apply(victim, _document(7, app.principal)))
+            assert took < PROMPT_S
+        for command in (("jobs", "list"), ("install",), ("run", "--once")):
+            done, took = _timed(lambda c=command: run_cli(*c, "--dsn", app.dsn, timeout=60))  # type: ignore[misc]
+            assert done.returncode == 0, (command, done.stderr)
+            assert took < 30, command
+            if command == ("jobs", "list"):
+                assert "app.victim" in done.stdout and "doc:7" in done.stdout
+
+
+def test_table_locks_any_role_can_take_block_nothing(app: App, roles: Any) -> None:
+    _prepare_victim(app)
+    attacker = roles("mallory")
+    tables = ("migration_lock", "schema_migrations", "name_locks", "jobs", "radix_system_job_state", "cron_table")
+    with _as(app.dsn, attacker, autocommit=False) as evil:
+        for n, table in enumerate(tables):  # no privilege needed: the lock is taken before the check
+            evil.execute(sql.SQL("PREPARE p{} AS DELETE FROM radix.{}").format(sql.SQL(str(n)), sql.Identifier(table)))
+        evil.execute("CREATE TEMP VIEW v AS SELECT job_id FROM radix.jobs")
+        held = app.conn.execute("SELECT count(DISTINCT relation) FROM pg_locks WHERE pid = %s AND relation IN "
+                                "(SELECT oid FROM pg_class WHERE relnamespace = 'radix'::regnamespace)",
+                                (evil.info.backend_pid,)).fetchone()
+        assert held and held[0] >= len(tables)  # the attack primitive is real
+        with _as(app.dsn, app.principal) as victim:
+            catalog.execute_job_ddl(victim, f"CREATE JOB app.victim SCHEDULE EVERY INTERVAL '1 hour' "
+                                            f"RUN AS {app.principal} CALL app.record('victim')")
+            assert catalog.alter_job(victim, "app.victim", enabled=False)
+            documents.apply(victim, _document(7, app.principal))
+        for command in (("install",), ("jobs", "list"), ("run", "--once")):
+            done = run_cli(*command, "--dsn", app.dsn, timeout=60)
+            assert done.returncode == 0, (command, done.stderr)
+
+
+def test_a_held_job_name_is_a_bounded_wait_with_a_clear_error(app: App, roles: Any) -> None:
+    _prepare_victim(app)
+    with _as(app.dsn, app.principal, autocommit=False) as first:  # creating it, not yet committed
+        first.execute("SELECT 1")  # a transaction is open: the DDL below runs in a savepoint of it
+        catalog.execute_job_ddl(first, f"CREATE JOB app.contested SCHEDULE EVERY INTERVAL '1 hour' "
+                                       f"RUN AS {app.principal} CALL app.record('x')")
+        with _as(app.dsn, app.principal, options=f"{GUARD} -c lock_timeout=300ms") as second:
+            with pytest.raises(AdmissionError) as caught:
+                _timed(lambda: catalog.execute_job_ddl(
+                    second, f"CREATE JOB app.contested SCHEDULE EVERY INTERVAL '1 hour' RUN AS {app.principal} "
+                            "CALL app.record('y')"))
+            assert caught.value.code == "55P03"
+            assert "job app.contested is being created or changed by another transaction; try again" in str(
+                caught.value)
+            assert "\n" not in str(caught.value)
+            # the caller's lock_timeout is restored after admission
+            assert second.execute("SHOW lock_timeout").fetchone() == ("300ms",)
+
+
+def test_a_held_document_is_bounded_even_without_a_lock_timeout(app: App) -> None:
+    _prepare_victim(app)
+    with _as(app.dsn, app.principal) as owner:
+        documents.apply(owner, _document(9, app.principal))
+    with _as(app.dsn, app.principal, autocommit=False) as holder:
+        holder.execute("SELECT radix.apply_document(%s)", (Jsonb(_document(9, app.principal, status="CRON_TABLE_ACTIVE")),))
+        with _as(app.dsn, app.principal) as other:  # lock_timeout 0: the 5 s bound of admission applies
+            started = time.monotonic()
+            with pytest.raises(psycopg.errors.LockNotAvailable, match="CRON_TABLE task 9 is being created or "
+                                                                       "changed by another transaction"):
+                other.execute("SELECT radix.apply_document(%s)", (Jsonb(_document(9, app.principal)),))
+            assert 4.0 < time.monotonic() - started < 15.0
+
+
+def test_an_install_waiting_too_long_fails_in_one_line(app: App) -> None:
+    with psycopg.connect(app.dsn) as other_install:  # another install in progress holds the row
+        other_install.execute("SELECT FROM radix.migration_lock FOR UPDATE")
+        done, took = _timed(lambda: run_cli("install", "--dsn", app.dsn, env={"RADIXJOBS_LOCK_TIMEOUT": "0.5"},
+                                            timeout=60))
+        assert done.returncode == 1
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1, done.stderr
+        assert lines[0].startswith("radixjobs: error: install waited more than 0.5s for a lock")
+        assert f"pid {other_install.info.backend_pid}" in lines[0]
+        assert took < 30
+    bad = run_cli("install", "--dsn", app.dsn, env={"RADIXJOBS_LOCK_TIMEOUT": "soon"}, timeout=60)
+    assert bad.returncode == 1
+    assert bad.stderr.strip() == ("radixjobs: error: RADIXJOBS_LOCK_TIMEOUT must be a number of seconds in "
+                                  "(0, 3600], got 'soon'")
+
+
+def test_the_scheduler_s_own_connections_bound_lock_waits(app: App, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RADIXJOBS_LOCK_TIMEOUT", "1.5")
+
+    async def go() -> list[Any]:
+        seen = []
+        async with Engine(app.dsn, node_id="bounded") as engine:
+            async with engine._pool.connection() as conn:
+                seen.append(await (await conn.execute("SHOW lock_timeout")).fetchone())
+            assert engine._control is not None
+            seen.append(await (await engine._control.execute("SHOW lock_timeout")).fetchone())
+        async with DocumentScheduler(app.dsn, node_id="bounded-docs") as docs:
+            async with docs._pool.connection() as conn:
+                seen.append(await (await conn.execute("SHOW lock_timeout")).fetchone())
+        return seen
+
+    assert asyncio.run(go()) == [("1500ms",)] * 3
+
+
+# -- a small separate server, for the NOTIFY queue and the embedded default ----------------------------------
+@pytest.fixture(scope="module")
+def small(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, PgCluster]]:
+    """An embedded server with the smallest NOTIFY queue PostgreSQL allows (64 pages, 512 kB)."""
+    home = Path(tmp_path_factory.mktemp("small", numbered=True))
+    server = EmbeddedServer(home, settings={"fsync": "off", "synchronous_commit": "off", "full_page_writes": "off",
+                                            "max_notify_queue_pages": "64"})
+    info, _ = server.ensure_running(persistent=True)
+    try:
+        yield home, PgCluster(info.dsn(), server)
+    finally:
+        server.release()
+        server.destroy()
+
+
+def _fill_queue(dsn: str, attacker: str) -> psycopg.Connection[Any]:
+    """As ``attacker``: LISTEN and stay in a transaction, then NOTIFY until the queue is full. Returns the
+    listener (the queue drains when it is closed)."""
+    listener = _as(dsn, attacker, autocommit=False, options="")
+    listener.execute("LISTEN flood")
+    listener.commit()
+    listener.execute("SELECT 1")  # idle in transaction from here: it reads nothing, the queue cannot drain
+    with _as(dsn, attacker, options="") as noisy:
+        for batch in range(1000):
+            try:
+                with noisy.transaction():
+                    for k in range(4):
+                        noisy.execute("SELECT pg_notify('flood', repeat('x', 7900) || %s)", (f"{batch}.{k}",))
+            except psycopg.Error as exc:
+                assert "too many notifications in the NOTIFY queue" in str(exc)
+                break
+    return listener
+
+
+def test_a_full_notify_queue_fails_no_write_and_stops_no_scheduling(small: tuple[Path, PgCluster]) -> None:
+    _, cluster = small
+    with psycopg.connect(cluster.dsn, autocommit=True) as su:
+        su.execute("CREATE DATABASE flood")
+        su.execute("CREATE ROLE victim LOGIN; CREATE ROLE mallory LOGIN")
+    dsn = cluster.dsn_for("flood")
+    conn = psycopg.connect(dsn, autocommit=True)
+    try:
+        migrate.install(conn)
+        app = make_app(dsn, conn, "victim")
+        _prepare_victim(app)
+        listener = _fill_queue(dsn, "mallory")
+        try:
+            usage = conn.execute("SELECT pg_notification_queue_usage()").fetchone()
+            assert usage and usage[0] > 0.9
+            with pytest.raises(psycopg.Error, match="too many notifications"):  # the attack is real
+                conn.execute("NOTIFY anyone, 'hello'")
+            _victim_writes(app)
+            _scheduling_goes_on(app)
+            fresh = run_cli("install", "--dsn", cluster.dsn_for("postgres"), timeout=60)
+            assert fresh.returncode == 0 and "applied" in fresh.stdout, fresh.stderr
+        finally:
+            listener.close()
+    finally:
+        conn.close()
+
+
+def _victim_writes(app: App) -> None:
+    with _as(app.dsn, app.principal) as victim:
+        catalog.execute_job_ddl(victim, f"CREATE JOB app.tick SCHEDULE EVERY INTERVAL '1 second' "
+                                        f"RUN AS {app.principal} CALL app.record('tick')")
+        catalog.execute_job_ddl(victim, f"CREATE JOB app.spare SCHEDULE EVERY INTERVAL '1 hour' "
+                                        f"RUN AS {app.principal} CALL app.record('spare')")
+        assert catalog.alter_job(victim, "app.spare", enabled=False)
+        assert catalog.drop_job(victim, "app.spare")
+        result = documents.apply(victim, _document(1, app.principal, status="CRON_TABLE_ACTIVE"))
+        assert result[0]["action"] == "created"
+
+
+def _scheduling_goes_on(app: App) -> None:
+    async def go() -> tuple[int, int]:
+        async with Engine(app.dsn, node_id="flooded") as engine:
+            ran = await engine.run_for(2.5, poll_s=0.5)  # the 1 s ticks come from the timer alone
+        async with DocumentScheduler(app.dsn, node_id="flooded-docs") as docs:
+            started = await docs.run_due()
+        return ran, started
+
+    ran, started = asyncio.run(go())
+    assert ran >= 1 and started == 1
+    tags = [row[0] for row in app.conn.execute("SELECT tag FROM app.effects ORDER BY id").fetchall()]
+    assert "tick" in tags and "doc" in tags
+    status = app.conn.execute("SELECT status FROM radix.sys_processes WHERE task_num = '1'").fetchone()
+    assert status == ("completed",)
+
+
+def test_embedded_default_commands_ignore_the_old_install_key(small: tuple[Path, PgCluster]) -> None:
+    home, cluster = small
+    with psycopg.connect(cluster.dsn, autocommit=True) as su:
+        su.execute("CREATE ROLE eve LOGIN")
+    with _as(cluster.dsn, "eve", options="") as evil:  # held where the embedded default installs
+        evil.execute("SELECT pg_advisory_lock(%s)", (migrate.MIGRATION_LOCK_KEY,))
+        for command in (("jobs", "list"), ("install",), ("run", "--once")):
+            done = run_cli(*command, "--home", str(home), timeout=60)
+            assert done.returncode == 0, (command, done.stderr)
