@@ -2118,7 +2118,7 @@ BEGIN
     RETURN NULL;
 END $$;
 
--- Waits for the job's row are bounded; the wake-up is a hint.
+-- The wait for the job's row is bounded; the wake-up is a hint.
 CREATE OR REPLACE FUNCTION radix._drop_job(creator name, job text, if_exists boolean, cascade boolean)
 RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
@@ -2135,6 +2135,9 @@ BEGIN
         RAISE EXCEPTION 'job % is being changed by another transaction; try again', job USING ERRCODE = '55P03',
             HINT = 'Another session holds it in an open transaction (see pg_stat_activity).';
     END;
+    -- the DELETE below may still wait for a running atomic attempt (its KEY SHARE lock), as before:
+    -- that wait is bounded by the attempt's deadline
+    PERFORM pg_catalog.set_config('lock_timeout', prior_timeout, true);
     IF j.job_id IS NULL THEN
         IF if_exists THEN
             RAISE NOTICE 'job % does not exist, skipping', job;
@@ -2151,7 +2154,6 @@ BEGIN
     END IF;
     DELETE FROM radix.jobs WHERE job_id = j.job_id;
     PERFORM radix._hint('radix_jobs', j.job_id::text);
-    PERFORM pg_catalog.set_config('lock_timeout', prior_timeout, true);
     RETURN true;
 END $$;
 
