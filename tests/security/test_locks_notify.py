@@ -175,6 +175,50 @@ def test_the_scheduler_s_own_connections_bound_lock_waits(app: App, monkeypatch:
     assert asyncio.run(go()) == [("1500ms",)] * 3
 
 
+def test_the_engine_s_wait_on_a_row_its_owner_holds_is_bounded(app: App, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The job's owner locks its state row (ALTER JOB in an open transaction) while an attempt of it is
+    being finalised: the engine gives up after RADIXJOBS_LOCK_TIMEOUT instead of waiting for ever."""
+    monkeypatch.setenv("RADIXJOBS_LOCK_TIMEOUT", "0.5")
+    _prepare_victim(app)
+    app.conn.execute("CREATE PROCEDURE app.fails() LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'no'; END $$")
+    with _as(app.dsn, app.principal) as owner:
+        catalog.execute_job_ddl(owner, f"CREATE JOB app.own SCHEDULE EVERY INTERVAL '1 hour' "
+                                       f"RUN AS {app.principal} CALL app.fails()")
+    app.make_due("app.own")
+    holder = _as(app.dsn, app.principal, autocommit=False)
+
+    async def pause(point: str) -> None:
+        if point == "executed":  # before the outcome is written: the owner takes the row now
+            holder.execute("SELECT radix.alter_job('app.own', false)")
+
+    async def go() -> float:
+        started = time.monotonic()
+        async with Engine(app.dsn, node_id="patient", pause=pause) as engine:
+            await asyncio.wait_for(engine.run_due(), 20)
+        return time.monotonic() - started
+
+    try:
+        assert asyncio.run(go()) < 10
+        assert holder.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS  # still held
+    finally:
+        holder.close()
+
+
+def test_a_held_job_row_is_a_bounded_wait_for_drop_job(app: App) -> None:
+    _prepare_victim(app)
+    with _as(app.dsn, app.principal) as owner:
+        catalog.execute_job_ddl(owner, f"CREATE JOB app.busy SCHEDULE EVERY INTERVAL '1 hour' "
+                                       f"RUN AS {app.principal} CALL app.record('x')")
+    with _as(app.dsn, app.principal, autocommit=False) as holder:
+        holder.execute("SELECT radix.alter_job('app.busy', false)")
+        with _as(app.dsn, app.principal, options=f"{GUARD} -c lock_timeout=300ms") as other:
+            with pytest.raises(AdmissionError, match=r"^job app\.busy is being changed by another "
+                                                     r"transaction; try again") as caught:
+                catalog.drop_job(other, "app.busy")
+            assert caught.value.code == "55P03"
+            assert other.execute("SHOW lock_timeout").fetchone() == ("300ms",)
+
+
 # -- a small separate server, for the NOTIFY queue and the embedded default ----------------------------------
 @pytest.fixture(scope="module")
 def small(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, PgCluster]]:
