@@ -13,6 +13,7 @@ at its minimum) is filled for real; writes and scheduling must go on.
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -139,6 +140,25 @@ def test_a_held_document_is_bounded_even_without_a_lock_timeout(app: App) -> Non
                                                                        "changed by another transaction"):
                 other.execute("SELECT radix.apply_document(%s)", (Jsonb(_document(9, app.principal)),))
             assert 4.0 < time.monotonic() - started < 15.0
+
+
+def test_concurrent_installs_serialise_on_the_row(empty_db: str) -> None:
+    """Without the advisory key, first installs race on creating schema radix: one wins, the rest retry."""
+    outcomes: list[object] = []
+
+    def install() -> None:
+        try:
+            with psycopg.connect(empty_db, autocommit=True) as c:
+                outcomes.append(len(migrate.install(c)))
+        except Exception as exc:  # reported by the assertion below
+            outcomes.append(exc)
+
+    threads = [threading.Thread(target=install) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert sorted(outcomes, key=str) == [0, 0, 0, len(migrate.migrations())]
 
 
 def test_an_install_waiting_too_long_fails_in_one_line(app: App) -> None:
