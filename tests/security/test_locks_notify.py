@@ -31,6 +31,7 @@ from radixjobs.engine import Engine
 from radixjobs.errors import AdmissionError
 from tests.acceptance.conftest import run_cli
 from tests.apps import App, make_app
+from tests.integration.test_documents import eventually
 from tests.support import PgCluster
 
 GUARD = "-c statement_timeout=20s"  # a regression fails the test instead of hanging it
@@ -319,21 +320,52 @@ def _victim_writes(app: App) -> None:
 
 
 def _scheduling_goes_on(app: App) -> None:
-    async def go() -> tuple[int, int]:
+    async def runs(docs: DocumentScheduler, at_least: int) -> int:
+        # within 10 s, though the check period is 30 s: only the hintless look makes this
+        await eventually(lambda: docs.counters["doc_runs"] >= at_least, within=10, message=f"{at_least} run(s)")
+        return docs.counters["doc_runs"]
+
+    async def go() -> tuple[int, int, int]:
         async with Engine(app.dsn, node_id="flooded") as engine:
             ran = await engine.run_for(2.5, poll_s=0.5)  # the 1 s ticks come from the timer alone
-        async with DocumentScheduler(app.dsn, node_id="flooded-docs") as docs:
-            started = await docs.run_due()
-        return ran, started
+        async with _Watched(app.dsn, node_id="flooded-docs") as docs:
+            stop = asyncio.Event()
+            serving = asyncio.create_task(docs.serve(stop))
+            first = await runs(docs, 1)  # NUM 1, applied before: found by the first check
+            await asyncio.wait_for(docs.idle.wait(), 10)  # NUM 1 done: nothing due for an hour
+            await asyncio.to_thread(_apply_as_victim, app, 2)  # its wake-up is skipped: the queue is full
+            second = await runs(docs, 2)
+            stop.set()
+            await serving
+        return ran, first, second
 
-    ran, started = asyncio.run(go())
+    ran, first, second = asyncio.run(go())
     assert ran >= 1
-    assert started == 1
+    assert (first, second) == (1, 2)
     tags = [row[0] for row in app.conn.execute("SELECT tag FROM app.effects ORDER BY id").fetchall()]
     assert "tick" in tags
-    assert "doc" in tags
-    status = app.conn.execute("SELECT status FROM radix.sys_processes WHERE task_num = '1'").fetchone()
-    assert status == ("completed",)
+    assert tags.count("doc") == 2
+    statuses = app.conn.execute("SELECT status FROM radix.sys_processes ORDER BY task_num").fetchall()
+    assert statuses == [("completed",), ("completed",)]
+
+
+class _Watched(DocumentScheduler):
+    """Sets ``idle`` once a look finds nothing due for a minute: the scheduler is about to sleep."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.idle = asyncio.Event()
+
+    async def next_due_in(self) -> float | None:
+        due = await super().next_due_in()
+        if due is None or due > 60:
+            self.idle.set()
+        return due
+
+
+def _apply_as_victim(app: App, num: int) -> None:
+    with _as(app.dsn, app.principal) as victim:
+        documents.apply(victim, _document(num, app.principal, status="CRON_TABLE_ACTIVE"))
 
 
 def test_embedded_default_commands_ignore_the_old_install_key(small: tuple[Path, PgCluster]) -> None:

@@ -40,6 +40,7 @@ from radixjobs.documents.services import call as call_service
 from radixjobs.engine.nodes import register_node
 from radixjobs.engine.principals import PrincipalPools
 from radixjobs.engine.runner import default_node_id
+from radixjobs.migrate import NOTIFY_QUEUE_LIMIT
 
 log = logging.getLogger("radixjobs.documents")
 
@@ -55,6 +56,10 @@ RUN_TAG: Final = "/* radixjobs task {} */"
 STILL_RUNNING: Final = ("SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE usename = %s AND state <> 'idle' "
                         "AND query LIKE %s)")
 RERUN_POLL_S: Final = 0.05
+# While the notification queue is half full or more, document changes send no wake-up (radix._hint skips
+# it, so a full queue never fails a write): the scheduler then looks this often instead of every check
+# period, so a change is still picked up within about a second.
+HINTLESS_CHECK_S: Final = 1.0
 
 
 class DocumentScheduler:
@@ -79,6 +84,7 @@ class DocumentScheduler:
         self.counters: Counter[str] = Counter(dict.fromkeys(COUNTER_KEYS, 0))
         self.last_error: dict[str, Any] | None = None
         self.cancel = asyncio.Event()
+        self.hints_skipped = False  # the last look found the NOTIFY queue too full for wake-ups
         self._pool = AsyncConnectionPool(dsn, min_size=1, max_size=4, open=False,
                                          kwargs={"autocommit": True}, name="radix-documents",
                                          configure=abound_lock_waits)
@@ -157,9 +163,11 @@ class DocumentScheduler:
     async def next_due_in(self) -> float | None:
         """Seconds until the earliest task is due (0: now), or None when nothing is planned."""
         async with self._pool.connection() as conn:
-            cur = await conn.execute("SELECT radix.doc_next_due_in(%s, %s, %s::bigint[])",
+            cur = await conn.execute("SELECT radix.doc_next_due_in(%s, %s, %s::bigint[]), "
+                                     "pg_catalog.pg_notification_queue_usage()",
                                      (self._at(), self.node_id, list(self._in_flight)))
             row = await cur.fetchone()
+        self.hints_skipped = bool(row and row[1] is not None and row[1] >= NOTIFY_QUEUE_LIMIT)
         return None if row is None or row[0] is None else float(row[0])
 
     async def reload(self) -> int:
@@ -191,7 +199,8 @@ class DocumentScheduler:
                     log.warning("document check failed node=%s error=%s", self.node_id, exc)
                     self._error("", None, str(exc).strip().splitlines()[0] if str(exc).strip() else "error")
                     due = None
-                timeout = min(self.check_period_s, self.reload_period_s - (time.monotonic() - last_reload))
+                timeout = min(self.check_period_s, self.reload_period_s - (time.monotonic() - last_reload),
+                              HINTLESS_CHECK_S if self.hints_skipped else float("inf"))
                 wait = max(0.0, timeout if due is None else min(due, timeout))
                 # "due now" yet untouched by this check: being finished here; never spin on it
                 await _wait_any((wake, stop), wait if wait > 0 else 0.25)
