@@ -1949,22 +1949,23 @@ GRANT SELECT ON radix.document_overview, radix.document_processes TO PUBLIC;
 -- 0005: nothing radixjobs waits on can be held by an ordinary role, and a full notification queue
 -- never fails a write (issue #11, items 5 and 6).
 --
--- Locks. Advisory locks are a cluster-wide namespace any role may take: a hostile role holding
+-- Locks. Advisory keys are one namespace per database that any connected role may take: a role holding
 -- pg_advisory_lock(hashtext('radix.job:app.victim')) or the 'radix.doc:<NUM>' key stalled CREATE JOB and
 -- document applies for everyone. Names are now serialised on rows of radix.name_locks, a table PUBLIC
 -- has no privilege on: a row lock is only taken by executing a statement, and executing needs the
 -- privilege (PREPARE and CREATE VIEW take TABLE locks without one: never use a table-level lock here).
 -- Only a role that passed the same admission checks (CREATE on the job's schema; owning the document or
 -- creating a new NUM) ever holds such a row, and then only for its own transaction. As a second line,
--- every wait of admission is bounded by radix._bound_lock_wait (5 s, or the caller's smaller
--- lock_timeout) and ends in a one-line error naming what was locked.
+-- the lock waits of admission (the name; the document rows; the job row for DROP JOB) are bounded by
+-- radix._bound_lock_wait (5 s, or the caller's smaller lock_timeout) and end in a one-line error naming
+-- what was locked.
 --
 -- Notifications. NOTIFY hands its payload to a cluster-wide queue at COMMIT; a session that LISTENs and
 -- then stays in a transaction stops the queue from draining, and once it is full every notifying COMMIT
 -- fails ("too many notifications in the NOTIFY queue"). Wake-ups are hints (the schedulers also run on
 -- timers), so radix._hint skips them while the queue is half full or more.
 
--- One row per job name ('job', 'schema.name') or document NUM ('doc', NUM) ever admitted; its row lock
+-- One row per job name ('job', quoted schema.name) or document NUM ('doc', NUM) ever admitted; its row lock
 -- serialises admission of that name. Rows are kept (deleting one under a waiter would let two
 -- admissions of the name through).
 CREATE TABLE radix.name_locks (
