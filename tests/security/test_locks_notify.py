@@ -30,9 +30,10 @@ from radixjobs.embedded import EmbeddedServer
 from radixjobs.engine import Engine
 from radixjobs.errors import AdmissionError
 from tests.acceptance.conftest import run_cli
+from tests.acceptance.serving import Serve
 from tests.apps import App, make_app
 from tests.integration.test_documents import eventually
-from tests.support import PgCluster
+from tests.support import PgCluster, wait_for
 
 GUARD = "-c statement_timeout=20s"  # a regression fails the test instead of hanging it
 PROMPT_S = 4.0  # below the 5 s bound on lock waits: "promptly" means nothing was waited for
@@ -107,6 +108,30 @@ def test_table_locks_any_role_can_take_block_nothing(app: App, roles: Any) -> No
         for command in (("install",), ("jobs", "list"), ("run", "--once")):
             done = run_cli(*command, "--dsn", app.dsn, timeout=60)
             assert done.returncode == 0, (command, done.stderr)
+
+
+def test_the_daemon_starts_and_schedules_while_keys_and_tables_are_held(app: App, roles: Any,
+                                                                       tmp_path: Path) -> None:
+    _prepare_victim(app)
+    attacker = roles("mallory")
+    with _as(app.dsn, attacker, autocommit=False) as evil:
+        evil.execute("SELECT pg_advisory_lock(hashtext('radix.job:app.victim')), "
+                     "pg_advisory_lock(hashtext('radix.doc:3')), pg_advisory_lock(%s)", (migrate.MIGRATION_LOCK_KEY,))
+        for n, table in enumerate(("nodes", "jobs", "radix_system_job_state", "cron_table", "sys_processes")):
+            evil.execute(sql.SQL("PREPARE p{} AS DELETE FROM radix.{}").format(sql.SQL(str(n)), sql.Identifier(table)))
+        serve = Serve(tmp_path, "--dsn", app.dsn, "--poll", "0.2")
+        try:
+            with _as(app.dsn, app.principal) as victim:
+                catalog.execute_job_ddl(victim, f"CREATE JOB app.victim SCHEDULE EVERY INTERVAL '1 second' "
+                                                f"RUN AS {app.principal} CALL app.record('victim')")
+                documents.apply(victim, _document(3, app.principal, status="CRON_TABLE_ACTIVE"))
+            wait_for(lambda: {"victim", "doc"} <= _tags(app), timeout=30, message="the job and the document to run")
+        finally:
+            serve.stop()
+
+
+def _tags(app: App) -> set[str]:
+    return {row[0] for row in app.conn.execute("SELECT tag FROM app.effects").fetchall()}
 
 
 def test_a_held_job_name_is_a_bounded_wait_with_a_clear_error(app: App, roles: Any) -> None:
