@@ -48,7 +48,7 @@ def sql_command(opts: Options, text: str | None, file: Any) -> None:
         raise click.UsageError("give either -c or -f, not both")
     if text is None:
         text = file.read() if file is not None else sys.stdin.read()
-    with database(opts) as conn:
+    with database(opts, pinned=False) as conn:  # the user's SQL, in the user's own search_path
         for result in run_script(conn, text):
             if opts.json:
                 if result.returns_rows:

@@ -47,9 +47,12 @@ def common_options(func: F) -> F:
 
 
 @contextlib.contextmanager
-def database(opts: Options, *, need_schema: bool = True) -> Iterator[psycopg.Connection[Any]]:
-    """A connection to the target; the embedded default gets the schema installed on the way."""
-    with open_target(opts.dsn, opts.home) as target, connect(target.dsn) as conn:
+def database(opts: Options, *, need_schema: bool = True, pinned: bool = True) -> Iterator[psycopg.Connection[Any]]:
+    """A connection to the target; the embedded default gets the schema installed on the way.
+
+    Pinned (search_path = pg_catalog, pg_temp) unless it runs the user's own SQL text (``pinned=False``).
+    """
+    with open_target(opts.dsn, opts.home) as target, connect(target.dsn, pinned=pinned) as conn:
         if need_schema:
             ensure_schema(conn, target)
         yield conn

@@ -54,10 +54,11 @@ def code_version() -> int:
 
 def installed_version(conn: psycopg.Connection[Any]) -> int | None:
     """The database's schema version, or None when radixjobs was never installed there."""
-    row = conn.execute("SELECT to_regclass('radix.schema_migrations') IS NOT NULL").fetchone()
+    # qualified: the connection may be the user's own (``radixjobs sql``), with the user's search_path
+    row = conn.execute("SELECT pg_catalog.to_regclass('radix.schema_migrations') IS NOT NULL").fetchone()
     if not row or not row[0]:
         return None
-    row = conn.execute("SELECT max(version) FROM radix.schema_migrations").fetchone()
+    row = conn.execute("SELECT pg_catalog.max(version) FROM radix.schema_migrations").fetchone()
     return int(row[0]) if row and row[0] is not None else None
 
 
@@ -67,6 +68,8 @@ def install(conn: psycopg.Connection[Any], *, from_schema: bool = True) -> list[
     A fresh database gets ``schema.sql`` (unless ``from_schema`` is False: then every migration).
     """
     with conn.transaction():
+        # the caller's connection may not be one of ours (tests, the Python API): pin it here too
+        conn.execute("SET LOCAL search_path = pg_catalog, pg_temp")
         conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK_KEY,))
         current = installed_version(conn)
         _refuse_newer(current)

@@ -32,6 +32,7 @@ from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
 from radixjobs import retry
+from radixjobs.db import scheduler_dsn
 from radixjobs.documents import expression, model
 from radixjobs.documents.model import Candidate, Started
 from radixjobs.documents.services import ServiceRegistry, ServiceSpec
@@ -64,7 +65,7 @@ class DocumentScheduler:
                  clock: Clock | None = None, concurrency: int = 8, check_period_s: float = 30.0,
                  reload_period_s: float = 600.0, db_timeout_s: float = 240.0, service_timeout_s: float = 300.0,
                  expression_timeout_ms: int = 1000, hold_node_lock: bool = True, grace_s: float = 10.0):
-        self.dsn = dsn
+        self.dsn = scheduler_dsn(dsn)
         self.node_id = node_id or f"{default_node_id()}:docs"
         self.registry = ServiceRegistry(services, entry_points=entry_points)
         self.clock = clock
@@ -78,7 +79,7 @@ class DocumentScheduler:
         self.counters: Counter[str] = Counter(dict.fromkeys(COUNTER_KEYS, 0))
         self.last_error: dict[str, Any] | None = None
         self.cancel = asyncio.Event()
-        self._pool = AsyncConnectionPool(dsn, min_size=1, max_size=4, open=False,
+        self._pool = AsyncConnectionPool(self.dsn, min_size=1, max_size=4, open=False,
                                          kwargs={"autocommit": True}, name="radix-documents")
         self._principals = PrincipalPools(dsn, max_idle=concurrency)
         self._control: psycopg.AsyncConnection[Any] | None = None
@@ -356,7 +357,8 @@ class DocumentScheduler:
         """SELECT f() or CALL p(), by what the name is; bounded by db_timeout_s (then the backend is ended)."""
         quoted = ".".join('"' + p.replace('"', '""') + '"' for p in parts)
         try:
-            cur = await conn.execute("SELECT prokind FROM pg_proc WHERE oid = to_regprocedure(%s)", (quoted + "()",))
+            cur = await conn.execute("SELECT prokind FROM pg_catalog.pg_proc WHERE oid OPERATOR(pg_catalog.=) "
+                                     "pg_catalog.to_regprocedure(%s::pg_catalog.text)", (quoted + "()",))
             row = await cur.fetchone()
         except psycopg.Error as exc:
             return expression.db_error_text(exc)
@@ -385,7 +387,7 @@ class DocumentScheduler:
     async def _terminate(self, pid: int, call: asyncio.Task[Any]) -> None:
         """End a principal backend from the scheduler's own connection, and wait for its call to fail."""
         async with self._pool.connection() as control:
-            await control.execute("SELECT pg_terminate_backend(%s)", (pid,))
+            await control.execute("SELECT pg_catalog.pg_terminate_backend(%s::pg_catalog.int4)", (pid,))
         await asyncio.gather(call, return_exceptions=True)
 
     # -- database round trips ----------------------------------------------------------------------------

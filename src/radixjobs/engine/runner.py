@@ -26,7 +26,7 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
 from radixjobs import retry
-from radixjobs.db import first_line
+from radixjobs.db import first_line, scheduler_dsn
 from radixjobs.engine.attempt import AttemptRunner, Claim, Outcome
 from radixjobs.engine.definitions import (
     CLAIM,
@@ -46,7 +46,9 @@ log = logging.getLogger("radixjobs.engine")
 CLAIM_BATCH = 64
 MAX_DEFINITIONS = 10_000  # cached job definitions (least recently used dropped first)
 
-NEXT_DUE_IN = ("(SELECT (min(due_ns) - radix.to_ns(clock_timestamp())) / 1e9 FROM radix.radix_system_job_state "
+# Connections of our own pin search_path (radixjobs.db); the explicit types are a second line of defence.
+NEXT_DUE_IN = ("(SELECT (min(due_ns) - radix.to_ns(pg_catalog.clock_timestamp()))::pg_catalog.float8 / "
+               "1e9::pg_catalog.float8 FROM radix.radix_system_job_state "
                "WHERE status IN ('scheduled', 'running', 'retry_wait'))")
 # After a claim, in its round trip: seconds until the next due tick, and whether cron ticks await planning.
 AFTER_CLAIM = "SELECT " + NEXT_DUE_IN + ", " + CRON_DUE
@@ -71,7 +73,7 @@ class Engine:
     def __init__(self, dsn: str, *, node_id: str | None = None, concurrency: int = 8,
                  grace_s: float = 5.0, pause: Pause | None = None, shared_slots: Slots | None = None,
                  finished: asyncio.Event | None = None):
-        self.dsn = dsn
+        self.dsn = scheduler_dsn(dsn)
         self.node_id = node_id or default_node_id()
         self.concurrency = concurrency
         self.counters: Counter[str] = Counter(dict.fromkeys(COUNTER_KEYS, 0))
@@ -79,7 +81,7 @@ class Engine:
         self._definitions = DefinitionCache(MAX_DEFINITIONS)
         self._due: tuple[float, float] | None = None  # (seconds until due, monotonic time measured)
         self.claim_filled = False  # the last dispatch claimed all it asked for: more may be due at once
-        self._pool = AsyncConnectionPool(dsn, min_size=1, max_size=4, open=False,
+        self._pool = AsyncConnectionPool(self.dsn, min_size=1, max_size=4, open=False,
                                          kwargs={"autocommit": True}, name="radix-scheduler")
         self._control: psycopg.AsyncConnection[Any] | None = None
         self._principals = PrincipalPools(dsn, max_idle=concurrency)
@@ -345,4 +347,4 @@ class Engine:
         """End a principal backend from the scheduler's own connection (deadline + grace passed)."""
         self.counters["terminations"] += 1
         async with self._pool.connection() as conn:
-            await conn.execute("SELECT pg_terminate_backend(%s)", (pid,))
+            await conn.execute("SELECT pg_catalog.pg_terminate_backend(%s::pg_catalog.int4)", (pid,))

@@ -16,6 +16,7 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from radixjobs import migrate
+from radixjobs.db import scheduler_dsn
 from radixjobs.documents.scheduler import COUNTER_KEYS as DOCUMENT_COUNTER_KEYS
 from radixjobs.engine.runner import COUNTER_KEYS
 from radixjobs.engine.slots import Slots
@@ -48,7 +49,8 @@ def dsn_for_database(dsn: str, dbname: str) -> str:
 async def is_ready(dsn: str) -> bool:
     """Is radixjobs installed there at exactly this code's schema version?"""
     try:
-        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True, connect_timeout=5) as conn:
+        async with await psycopg.AsyncConnection.connect(scheduler_dsn(dsn), autocommit=True,
+                                                         connect_timeout=5) as conn:
             cur = await conn.execute("SELECT to_regclass('radix.schema_migrations') IS NOT NULL")
             row = await cur.fetchone()
             if not (row and row[0]):
@@ -64,6 +66,7 @@ class Daemon:
     """The scheduler daemon of one node."""
 
     def __init__(self, config: DaemonConfig):
+        config.dsn = scheduler_dsn(config.dsn)
         self.config = config
         self.slots = Slots(config.concurrency)
         self.owners: dict[str, tuple[DatabaseOwner, asyncio.Task[None]]] = {}

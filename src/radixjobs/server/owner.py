@@ -12,6 +12,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from radixjobs.db import scheduler_dsn
 from radixjobs.documents.scheduler import DocumentScheduler
 from radixjobs.engine import Engine
 from radixjobs.engine.slots import Slots
@@ -73,7 +74,7 @@ class DatabaseOwner:
         self.documents = documents
         await documents.start()
         documents_task = asyncio.create_task(documents.serve(self._documents_stop), name=f"documents:{self.name}")
-        listener = await psycopg.AsyncConnection.connect(self.dsn, autocommit=True)
+        listener = await psycopg.AsyncConnection.connect(scheduler_dsn(self.dsn), autocommit=True)
         try:
             for channel in CHANNELS:
                 await listener.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
