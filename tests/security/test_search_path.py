@@ -99,9 +99,10 @@ def test_scheduler_role_default_search_path_chooses_nothing(app: App, roles: Any
     assert _cli(app.dsn, "run", "--once")["attempts"] >= 2  # every, commits (cron: when a minute began)
     assert _cli(app.dsn, "docs", "run", "--once")["runs"] == 1
     _cli(app.dsn, "jobs", "history", "app.every")
-    tags = _tags(app)
-    tags.pop("cron", None)
-    assert tags == {"every": 1, "c": 1, "doc": 1}
+    tags = _tags(app)  # on a loaded machine, a 1-second job may come due again within run --once
+    assert tags.get("every", 0) >= 1
+    assert tags.get("c", 0) >= 1
+    assert tags.get("doc") == 1
     assert _doc_runs(app)[-1][1] is None, _doc_runs(app)
 
     # a job past its deadline: its backend is ended from the scheduler's own connection
