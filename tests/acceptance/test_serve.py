@@ -169,7 +169,7 @@ def test_status_metrics_healthz_stay_bounded(app: App, tmp_path: Path) -> None:
         assert set(status) == {"node", "uptime_s", "version", "databases", "counters", "running_attempts",
                                "last_error"}
         assert status["node"] == "node"
-        assert status["last_error"]["error"] == "PL_JOB_ATTEMPT_FAILED"
+        assert status["last_error"] == {"source": "job", "category": "raised_exception", "kind": "raise_exception"}
         code, metrics = daemon.get("/metrics")
         assert code == 200
         series = [line for line in metrics.splitlines() if line and not line.startswith("#")]
