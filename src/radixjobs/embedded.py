@@ -118,9 +118,12 @@ class EmbeddedServer:
     @property
     def server_dir(self) -> Path:
         """Where pgdata, run and the log live: the home, or (root) a directory of the server's own."""
-        if self._server_dir is None:
-            self._server_dir = self._choose_server_dir()
-        return self._server_dir
+        if self._server_dir is not None:
+            return self._server_dir
+        chosen = self._choose_server_dir()
+        if self.home.exists():  # the choice depends on the home's reachability: final once it exists
+            self._server_dir = chosen
+        return chosen
 
     def _choose_server_dir(self) -> Path:
         link = self.home / "pgdata"
