@@ -32,14 +32,16 @@ DEFAULT_REQUEST_TIMEOUT_S = 10.0
 MAX_DEFAULT_CONNECTIONS = 64
 BASE_RESERVE = 64  # stdio, log and lock files, the listening socket, the runtime's own descriptors
 RESERVE_PER_ATTEMPT = 4  # a principal session in use, an idle one kept, document service pipes
+NOFILE_TARGET = 1 << 16
 _FD_DIR = "/proc/self/fd"
 
 
 def raise_nofile_limit() -> int:
-    """Raise the soft RLIMIT_NOFILE to the hard limit (as far as allowed); returns the soft limit now."""
+    """Raise the soft RLIMIT_NOFILE towards the hard limit (up to NOFILE_TARGET, more helps nothing here);
+    returns the soft limit now."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if hard == resource.RLIM_INFINITY or hard > soft:
-        target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 16)
+    target = NOFILE_TARGET if hard == resource.RLIM_INFINITY else min(hard, NOFILE_TARGET)
+    if target > soft:
         with contextlib.suppress(ValueError, OSError):
             resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
     return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
