@@ -35,6 +35,7 @@ from psycopg.conninfo import make_conninfo
 from radixjobs import catalog
 from radixjobs.cli import cli
 from radixjobs.embedded import SERVER_OS_USER, EmbeddedServer
+from radixjobs.server.http import BACKLOG
 from tests.acceptance.serving import Serve
 from tests.apps import App
 from tests.support import wait_for
@@ -42,6 +43,7 @@ from tests.support import wait_for
 NOFILE = 256
 ATTACKERS = 300  # more than the cap, and more than the daemon's whole descriptor limit
 REQUEST_TIMEOUT_S = 2.0
+LISTEN = "0A"  # TCP state in /proc/net/tcp
 
 
 def _low_nofile() -> None:
@@ -107,6 +109,22 @@ def _descriptors(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
 
 
+def _http_connections(pid: int, port: int) -> int:
+    """TCP connections the daemon holds open on its HTTP port (its descriptors, matched by socket inode)."""
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue  # closed meanwhile
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    with open(f"/proc/{pid}/net/tcp") as table:
+        rows = [line.split() for line in table.readlines()[1:]]
+    return sum(1 for row in rows if int(row[1].rpartition(":")[2], 16) == port and row[3] != LISTEN
+               and row[9] in inodes)
+
+
 def _effects(app: App) -> int:
     row = app.conn.execute("SELECT count(*) FROM app.effects").fetchone()
     return int(row[0]) if row else 0
@@ -125,15 +143,15 @@ def test_idle_and_slowloris_clients_cannot_starve_the_daemon(app: App, tmp_path:
         wait_for(lambda: _effects(app) >= 2, timeout=30, message="the job to run")
         cap = next(line["http_max_connections"] for line in daemon.log_lines() if "http_max_connections" in line)
         assert 1 <= cap <= NOFILE // 2
-        baseline = _descriptors(daemon.proc.pid)
         flood = Flood(("127.0.0.1", address.port), ATTACKERS)
-        peak = 0
+        peak, peak_http = 0, 0
 
         def healthy_under_attack() -> bool:
-            nonlocal peak
+            nonlocal peak, peak_http
             assert flood is not None
             flood.trickle()
             peak = max(peak, _descriptors(daemon.proc.pid))
+            peak_http = max(peak_http, _http_connections(daemon.proc.pid, address.port))
             return _healthz(daemon.url)
 
         started = time.monotonic()
@@ -143,9 +161,10 @@ def test_idle_and_slowloris_clients_cannot_starve_the_daemon(app: App, tmp_path:
         before = _effects(app)
         # every attacker is disconnected (refused over the cap, or past the request timeout) while the
         # clients still hold their ends and the slow ones keep sending: the daemon is back to its baseline
-        wait_for(lambda: healthy_under_attack() and _descriptors(daemon.proc.pid) <= baseline + 4,
+        wait_for(lambda: healthy_under_attack() and _http_connections(daemon.proc.pid, address.port) == 0,
                  timeout=4 * REQUEST_TIMEOUT_S + 10, interval=0.2, message="every idle and slow client closed")
         assert peak < NOFILE - 32, peak  # the scheduler's reserve was never touched
+        assert cap // 2 <= peak_http <= cap + BACKLOG, (peak_http, cap)  # the flood filled the cap, no more
         wait_for(lambda: _effects(app) >= before + 2, timeout=30, message="the job to keep running")
         status = daemon.status()
         assert status["counters"]["failures_connection"] == 0, status
