@@ -243,6 +243,12 @@ def run_command(opts: Options, once: bool, seconds: float | None, node_id: str |
 @cli.command("serve")
 @click.option("--http", "http", default="127.0.0.1:7317", show_default=True, metavar="HOST:PORT|off",
               help="Status endpoint address (port 0 picks a free port).")
+@click.option("--http-max-connections", type=click.IntRange(1, 100_000), default=None, metavar="N",
+              help="Most HTTP connections open at once; more are closed on accept. [default: from the "
+                   "descriptor limit less what the scheduler needs, at most 64]")
+@click.option("--http-request-timeout", type=click.FloatRange(0.1, 3600), default=10.0, show_default=True,
+              metavar="SECONDS", help="Time an HTTP client gets to send a complete request (idle and slow "
+                                      "clients are disconnected after it).")
 @click.option("--all-databases", is_flag=True, help="Serve every ready database of the cluster.")
 @click.option("--node-id", default=None, help="This node's id (default host:pid).")
 @click.option("--concurrency", default=32, show_default=True, type=click.IntRange(1, 1024),
@@ -260,7 +266,8 @@ def run_command(opts: Options, once: bool, seconds: float | None, node_id: str |
 @click.option("--service", "services", multiple=True, metavar="NAME=module:function",
               help="Allow a CSP service for CRON_TABLE documents (besides the radixjobs.services entry points).")
 @common_options
-def serve_command(opts: Options, http: str, all_databases: bool, node_id: str | None, concurrency: int,
+def serve_command(opts: Options, http: str, http_max_connections: int | None, http_request_timeout: float,
+                  all_databases: bool, node_id: str | None, concurrency: int,
                   per_database_concurrency: int, grace: float, poll: float, discovery_interval: float,
                   log_format: str, demo: bool, services: tuple[str, ...]) -> None:
     """Run the scheduler daemon until SIGINT/SIGTERM."""
@@ -291,22 +298,29 @@ def serve_command(opts: Options, http: str, all_databases: bool, node_id: str | 
                               grace_s=grace, poll_s=poll, discovery_s=discovery_interval, services=allowed)
         if node_id:
             config.node_id = node_id
-        asyncio.run(_serve(Daemon(config), address, demo))
+        asyncio.run(_serve(Daemon(config), address, demo, http_max_connections, http_request_timeout))
 
 
-async def _serve(daemon: Any, address: tuple[str, int] | None, demo: bool) -> None:
-    from radixjobs.server.http import start_http
+async def _serve(daemon: Any, address: tuple[str, int] | None, demo: bool, max_connections: int | None,
+                 request_timeout_s: float) -> None:
+    from radixjobs.server.connections import raise_nofile_limit
+    from radixjobs.server.http import http_limits, start_http
 
     daemon.install_signal_handlers()
     http_server = None
     if address is not None:
-        http_server, http_task, port = await start_http(daemon, *address)
+        limits = http_limits(daemon, max_connections, request_timeout_s)
+        http_server, http_task, port = await start_http(daemon, *address, limits)
         base = f"http://{address[0]}:{port}"
         logging.getLogger("radixjobs.server").info(
-            "status %s/status metrics %s/metrics health %s/healthz node=%s", base, base, base,
-            daemon.config.node_id, extra={"fields": {"http": base, "node": daemon.config.node_id}})
+            "status %s/status metrics %s/metrics health %s/healthz node=%s http_max_connections=%s "
+            "http_request_timeout_s=%s", base, base, base, daemon.config.node_id, limits.max_connections,
+            limits.request_timeout_s, extra={"fields": {"http": base, "node": daemon.config.node_id,
+                                                        "http_max_connections": limits.max_connections}})
         click.echo(f"radixjobs serving (node {daemon.config.node_id}); status: {base}/status, "
                    f"metrics: {base}/metrics", err=True)
+    else:
+        raise_nofile_limit()
     if demo:
         click.echo("demo job demo.heartbeat runs every 5 s: see `radixjobs jobs history demo.heartbeat` "
                    "or `radixjobs sql -c 'select * from demo.runs order by id desc limit 5'`", err=True)

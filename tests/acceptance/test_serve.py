@@ -13,6 +13,7 @@ import pytest
 from psycopg import sql
 
 from radixjobs import migrate
+from radixjobs.embedded import EmbeddedServer
 from tests.acceptance.serving import Serve
 from tests.apps import App
 from tests.support import PgCluster, wait_for
@@ -169,7 +170,7 @@ def test_status_metrics_healthz_stay_bounded(app: App, tmp_path: Path) -> None:
         assert set(status) == {"node", "uptime_s", "version", "databases", "counters", "running_attempts",
                                "last_error"}
         assert status["node"] == "node"
-        assert status["last_error"]["error"] == "PL_JOB_ATTEMPT_FAILED"
+        assert status["last_error"] == {"source": "job", "category": "raised_exception", "kind": "raise_exception"}
         code, metrics = daemon.get("/metrics")
         assert code == 200
         series = [line for line in metrics.splitlines() if line and not line.startswith("#")]
@@ -217,6 +218,7 @@ def test_demo_on_the_embedded_server(tmp_path: Path) -> None:
     from tests.acceptance.conftest import run_cli
 
     assert run_cli("db", "status", "--home", str(home)).returncode == 3  # the server it started is stopped
+    EmbeddedServer(home).destroy()  # as root the cluster may live outside the home (/var/lib/radixjobs)
 
 
 def test_daemon_runs_cron_table_documents_beside_jobs(app: App, tmp_path: Path) -> None:

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import re
 import signal
 import socket
 import time
@@ -15,7 +16,7 @@ from typing import Any
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from radixjobs import migrate
+from radixjobs import migrate, retry
 from radixjobs.db import scheduler_dsn
 from radixjobs.documents.scheduler import COUNTER_KEYS as DOCUMENT_COUNTER_KEYS
 from radixjobs.engine.runner import COUNTER_KEYS
@@ -24,6 +25,7 @@ from radixjobs.server.owner import DatabaseOwner
 
 log = logging.getLogger("radixjobs.server")
 
+DOCUMENT_SQLSTATE = re.compile(r"\[([0-9A-Z]{5})\]")
 LIST_DATABASES = "SELECT datname FROM pg_database WHERE datallowconn AND NOT datistemplate ORDER BY datname"
 
 
@@ -60,6 +62,17 @@ async def is_ready(dsn: str) -> bool:
     except psycopg.Error:
         return False
     return bool(row and row[0] == migrate.code_version())
+
+
+def public_error(source: str, record: dict[str, Any]) -> dict[str, str]:
+    """What /status says about a failure: where (job or document), its category and its kind (a
+    SQLSTATE condition name or one of ours), all from fixed vocabularies."""
+    if "category" in record and "kind" in record:  # an attempt failure: classified already
+        cause = retry.Cause(str(record["kind"]), retry.Category(record["category"]), False)
+    else:  # a document run's one-line text: "[SQLSTATE] …" when PostgreSQL raised it
+        match = DOCUMENT_SQLSTATE.search(str(record.get("error", "")))
+        cause = retry.classify(match[1] if match else None)
+    return {"source": source, "category": str(cause.category), "kind": cause.kind}
 
 
 class Daemon:
@@ -154,15 +167,20 @@ class Daemon:
         return total
 
     def status(self) -> dict[str, Any]:
-        """The /status document: a bounded, fixed set of keys whatever the number of jobs and errors."""
+        """The /status document: a bounded, fixed set of keys whatever the number of jobs and errors.
+
+        Anyone who can reach the port reads it, without logging in to PostgreSQL: it carries categories
+        and counts only, never an error text, a job or document name, or an argument (those stay in the
+        history, where PostgreSQL's row visibility decides who reads them)."""
         databases = []
         last_error = None
         for name, (owner, _) in sorted(self.owners.items()):
             databases.append({"name": name, "connected": owner.connected, "running_attempts": owner.running,
                               "reconnects": owner.reconnects})
-            for source in (owner.engine, owner.documents):
-                if source is not None and source.last_error is not None:
-                    last_error = source.last_error
+            if owner.engine is not None and owner.engine.last_error is not None:
+                last_error = public_error("job", owner.engine.last_error)
+            if owner.documents is not None and owner.documents.last_error is not None:
+                last_error = public_error("document", owner.documents.last_error)
         return {
             "node": self.config.node_id,
             "uptime_s": round(time.monotonic() - self.started_at, 3),
