@@ -201,12 +201,18 @@ def test_only_the_operator_grants_and_only_grantees_see_services(site: Site) -> 
     listed = run_cli("docs", "services", "--json", env={"RADIXJOBS_DSN": site.dsn})  # the operator sees all
     assert listed.returncode == 0, listed.stderr
     assert [(g["service"], g["grantee"]) for g in json.loads(listed.stdout)] == [(SECRET, tenant), (SERVICE, tenant)]
+    human = run_cli("docs", "services", env={"RADIXJOBS_DSN": site.dsn})
+    assert human.returncode == 0, human.stderr
+    assert SECRET in human.stdout
+    assert tenant in human.stdout
 
 
 def test_grant_names_are_checked(site: Site) -> None:
     for service, grantee, error in (("", "PUBLIC", "non-empty"), ("x", "no_such_role_x", "does not exist")):
         with pytest.raises(psycopg.Error, match=error):
             site.su.execute("SELECT radix.grant_service(%s, %s)", (service, grantee))
+    bad = run_cli("docs", "grant-service", SERVICE, "no_such_role_x", env={"RADIXJOBS_DSN": site.dsn})
+    assert (bad.returncode, bad.stderr) == (1, "radixjobs: error: role no_such_role_x does not exist\n")
     assert site.su.execute("SELECT radix.grant_service('x', 'PUBLIC'), radix.grant_service('x', 'PUBLIC'), "
                            "radix.revoke_service('x', 'public'), radix.revoke_service('x', 'public')"
                            ).fetchone() == (True, False, True, False)
