@@ -213,6 +213,12 @@ def test_grant_names_are_checked(site: Site) -> None:
             site.su.execute("SELECT radix.grant_service(%s, %s)", (service, grantee))
     bad = run_cli("docs", "grant-service", SERVICE, "no_such_role_x", env={"RADIXJOBS_DSN": site.dsn})
     assert (bad.returncode, bad.stderr) == (1, "radixjobs: error: role no_such_role_x does not exist\n")
+    gone = site.role("gone")
+    site.su.execute("SELECT radix.grant_service('x', %s)", (gone,))
+    site.grant("DROP ROLE {}", gone)
+    assert site.su.execute("SELECT count(*) FROM radix.csp_services").fetchone() == (1,)
+    site.su.execute("SELECT radix.revoke_service('y', 'PUBLIC')")  # any grant or revoke forgets dropped roles
+    assert site.su.execute("SELECT count(*) FROM radix.service_grants").fetchone() == (0,)
     assert site.su.execute("SELECT radix.grant_service('x', 'PUBLIC'), radix.grant_service('x', 'PUBLIC'), "
                            "radix.revoke_service('x', 'public'), radix.revoke_service('x', 'public')"
                            ).fetchone() == (True, False, True, False)

@@ -52,6 +52,16 @@ BEGIN
     RAISE EXCEPTION 'role % does not exist', quote_ident(grantee) USING ERRCODE = '42704';
 END $$;
 
+-- Grants to roles that were dropped count as nothing; the operator's verbs delete them too (an OID can be
+-- reused by a later role).
+CREATE FUNCTION radix._forget_dropped_grantees() RETURNS void
+LANGUAGE sql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    DELETE FROM radix.service_grants g
+    WHERE g.grantee <> 0 AND NOT EXISTS (SELECT 1 FROM pg_roles r WHERE r.oid = g.grantee)
+$$;
+
 -- The operator's verbs. true: the grant was added (grant) or removed (revoke); false: nothing changed.
 CREATE FUNCTION radix.grant_service(service text, grantee name) RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
@@ -65,6 +75,7 @@ BEGIN
         RAISE EXCEPTION 'a CSP service name must be a non-empty string of at most 200 characters'
             USING ERRCODE = '22023';
     END IF;
+    PERFORM radix._forget_dropped_grantees();
     INSERT INTO radix.service_grants (service, grantee, granted_by)
     VALUES (grant_service.service, radix._service_grantee(grant_service.grantee),
             (SELECT oid FROM pg_roles WHERE rolname = session_user))
@@ -80,6 +91,7 @@ AS $$
 DECLARE
     removed integer;
 BEGIN
+    PERFORM radix._forget_dropped_grantees();
     DELETE FROM radix.service_grants g WHERE g.service = revoke_service.service
         AND g.grantee = radix._service_grantee(revoke_service.grantee);
     GET DIAGNOSTICS removed = ROW_COUNT;
@@ -219,6 +231,7 @@ RETURN (SELECT CASE
         FROM (SELECT 1) one LEFT JOIN pg_roles r ON r.oid = c.principal_oid);
 
 REVOKE ALL ON FUNCTION radix._service_usable(text, oid, oid), radix._service_grantee(name),
+    radix._forget_dropped_grantees(),
     radix.grant_service(text, name), radix.revoke_service(text, name) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION radix._service_grant_visible(oid), radix._owner_visible(oid) TO PUBLIC;
 GRANT SELECT ON radix.csp_services TO PUBLIC;
