@@ -264,7 +264,8 @@ def run_command(opts: Options, once: bool, seconds: float | None, node_id: str |
 @click.option("--log-format", type=click.Choice(["text", "json"]), default="text", show_default=True)
 @click.option("--demo", is_flag=True, help="Install a demo job (demo.heartbeat, every 5 s) first.")
 @click.option("--service", "services", multiple=True, metavar="NAME=module:function",
-              help="Allow a CSP service for CRON_TABLE documents (besides the radixjobs.services entry points).")
+              help="Register a CSP service for CRON_TABLE documents (besides the radixjobs.services entry "
+                   "points); who may use it is granted in the database (radixjobs docs grant-service).")
 @common_options
 def serve_command(opts: Options, http: str, http_max_connections: int | None, http_request_timeout: float,
                   all_databases: bool, node_id: str | None, concurrency: int,

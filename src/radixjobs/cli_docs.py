@@ -1,4 +1,5 @@
-"""``radixjobs docs``: CRON_TABLE documents (DocScheduler tasks) — apply, list, show, run."""
+"""``radixjobs docs``: CRON_TABLE documents (DocScheduler tasks) — apply, list, show, run, and the
+operator's CSP service grants (services, grant-service, revoke-service)."""
 
 from __future__ import annotations
 
@@ -96,6 +97,43 @@ def docs_show(opts: Options, num: str, limit: int) -> None:
     emit(opts, doc, human)
 
 
+@docs_group.command("services")
+@common_options
+def docs_services(opts: Options) -> None:
+    """The CSP service grants: every one for the operator, only those this role benefits from otherwise."""
+    with database(opts) as conn:
+        grants = store.list_service_grants(conn)
+    emit(opts, grants, output.render_table(["service", "grantee", "granted_by", "granted_at"],
+                                           [[g["service"], g["grantee"], g["granted_by"], g["granted_at"]]
+                                            for g in grants]))
+
+
+@docs_group.command("grant-service")
+@click.argument("service")
+@click.argument("grantee")
+@common_options
+def docs_grant_service(opts: Options, service: str, grantee: str) -> None:
+    """Let documents whose RUN_AS has the privileges of GRANTEE (a role, or PUBLIC) name SERVICE (operator)."""
+    with database(opts) as conn:
+        added = store.grant_service(conn, service, grantee)
+    emit(opts, {"service": service, "grantee": grantee, "changed": added},
+         f"granted CSP service {service!r} to {grantee}" if added
+         else f"CSP service {service!r} was already granted to {grantee}")
+
+
+@docs_group.command("revoke-service")
+@click.argument("service")
+@click.argument("grantee")
+@common_options
+def docs_revoke_service(opts: Options, service: str, grantee: str) -> None:
+    """Withdraw a grant of SERVICE to GRANTEE (operator); its tasks fail at their next start."""
+    with database(opts) as conn:
+        removed = store.revoke_service(conn, service, grantee)
+    emit(opts, {"service": service, "grantee": grantee, "changed": removed},
+         f"revoked CSP service {service!r} from {grantee}" if removed
+         else f"CSP service {service!r} was not granted to {grantee}")
+
+
 def _services(pairs: tuple[str, ...]) -> dict[str, str]:
     out = {}
     for pair in pairs:
@@ -111,7 +149,8 @@ def _services(pairs: tuple[str, ...]) -> dict[str, str]:
 @click.option("--for", "seconds", type=click.FloatRange(min=0), default=None, metavar="SECONDS",
               help="Serve for SECONDS (notifications, timers), then exit.")
 @click.option("--service", "service_pairs", multiple=True, metavar="NAME=module:function",
-              help="Allow a CSP service (repeatable); entry points 'radixjobs.services' are allowed too.")
+              help="Register a CSP service (repeatable; entry points 'radixjobs.services' too). Who may use "
+                   "it is granted in the database: radixjobs docs grant-service.")
 @click.option("--node-id", default=None, help="This node's id (default host:pid:docs).")
 @click.option("--check-period", default=30.0, show_default=True, type=click.FloatRange(min=0.1),
               help="Longest wait between checks, in seconds.")

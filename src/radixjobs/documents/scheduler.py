@@ -6,7 +6,9 @@ One check (the seed's reload + ``_processTask``) reads the ACTIVE tasks that are
 (``radix.doc_candidates``) and applies the pure decision table ``model.process_task`` to each:
 - run / rerun: ``radix.doc_start`` creates the system process, fenced by the process the decision saw,
   so two schedulers never start one task twice; then the target runs (DB_FUNCTION on a connection
-  logged in as the principal, CSP_SERVICE in a worker process), ``radix.doc_record`` records its outcome;
+  logged in as the principal, CSP_SERVICE in a worker process), ``radix.doc_record`` records its outcome.
+  Nothing runs when doc_start returns a refusal: RUN_AS no longer allowed, or (CSP_SERVICE) the service no
+  longer granted to RUN_AS (``radix.grant_service``); the run then fails with that one-line text;
 - finish (the seed's ``_finishTask``): ``model.plan_finish`` counts errors, the next time is evaluated
   as the principal (``expression.evaluate``), ``radix.doc_finish`` writes it all in one transaction,
   fenced by the process and the document version (a concurrent edit makes it decide again).
