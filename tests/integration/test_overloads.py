@@ -66,11 +66,10 @@ def stored_binding(job: dict[str, Any]) -> tuple[Binding, ...]:
 
 
 def run_stored_call(site: Site, conn: Conn, job: dict[str, Any]) -> None:
-    """The CALL the engine will make from the stored binding (exact types, bound values)."""
+    """The CALL the engine will make from the stored binding (exact types, values read by their input functions)."""
     schema, name = site.su.execute("SELECT pronamespace::regnamespace::text, proname FROM pg_proc WHERE oid = %s",
                                    (job["procedure_oid"],)).fetchone() or ("", "")
-    call, values = build_call(schema, name, job["arguments"])
-    conn.execute(call, values)
+    conn.execute(build_call(schema, name, job["arguments"]))
 
 
 # ------------------------------------------------------------------------------------------ overload resolution

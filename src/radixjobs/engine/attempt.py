@@ -4,6 +4,7 @@ Atomic (the default): ``BEGIN; begin_attempt(marks the tick done); CALL; end_att
 procedure's effects and the completion marker commit together or not at all (exactly once).
 A procedure that commits inside fails that with 2D000; it is then run non-atomically (autocommit CALL,
 at-least-once) and the job is flagged ``non_atomic`` so later ticks go straight to that mode.
+The CALL is sent inside a DO block (definitions.build_call): OUT/INOUT results never reach the daemon.
 """
 
 from __future__ import annotations
@@ -154,7 +155,7 @@ class AttemptRunner:
         try:
             async with conn.pipeline(), conn.transaction():
                 await conn.execute(BEGIN_ATOMIC, (str(job.deadline_ms), claim.job_id, claim.lease_token))
-                await conn.execute(job.call, job.values)
+                await conn.execute(job.call)
                 await conn.execute(END_ATOMIC, (claim.job_id, claim.lease_token, next_planned_ns))
         except psycopg.Error as exc:
             return self._failure(exc, atomic=True, in_doubt=True)
@@ -166,7 +167,7 @@ class AttemptRunner:
         try:
             await conn.execute("SELECT set_config('statement_timeout', %s, false), radix.begin_attempt(%s, %s)",
                                (str(job.deadline_ms), claim.job_id, claim.lease_token))
-            await conn.execute(job.call, job.values)
+            await conn.execute(job.call)
             await conn.execute("SELECT radix.end_attempt(%s, %s, %s, false)",
                                (claim.job_id, claim.lease_token, next_planned_ns))
         except psycopg.Error as exc:
