@@ -2206,7 +2206,7 @@ BEGIN
     RETURN NEW;
 END $$;
 
-CREATE TRIGGER "trgCronTablePropsBound" BEFORE INSERT OR UPDATE OF props ON radix.cron_table
+CREATE TRIGGER cron_table_props_bound BEFORE INSERT OR UPDATE OF props ON radix.cron_table
     FOR EACH ROW EXECUTE FUNCTION radix._bound_document_props();
 
 REVOKE ALL ON FUNCTION radix._bound_document_props() FROM PUBLIC;
