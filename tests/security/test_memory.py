@@ -146,13 +146,14 @@ def test_the_definition_cache_is_bounded_by_bytes() -> None:
     assert (second.job_id, 1) not in cache
     assert all((j.job_id, 1) in cache for j in (first, third, fourth))
     assert cache.total_bytes == 3 * (entry + DEFINITION_OVERHEAD_BYTES) <= cache.max_bytes
-    huge = _definition(cache.max_bytes)
-    cache.put(huge)  # larger than the whole bound: not kept, and it pushes everything else out
-    assert len(cache) == 0
-    assert cache.total_bytes == 0
-    cache.put(first)
-    cache.put(first)  # the same entry twice is counted once
-    assert cache.total_bytes == first.size_bytes
+    cache.put(_definition(cache.max_bytes))  # larger than the whole bound: not kept, pushes nothing out
+    assert len(cache) == 3
+    assert cache.total_bytes == 3 * (entry + DEFINITION_OVERHEAD_BYTES)
+    cache.put(first)  # the same entry again is counted once
+    assert cache.total_bytes == 3 * (entry + DEFINITION_OVERHEAD_BYTES)
+    cache.put(_definition(entry))  # first was refreshed: third is now the least recently used
+    assert (third.job_id, 1) not in cache
+    assert (first.job_id, 1) in cache
 
 
 def test_the_definition_cache_is_bounded_by_count() -> None:

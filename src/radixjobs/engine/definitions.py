@@ -144,7 +144,8 @@ class DefinitionCache:
     """Definitions by (job, version), least recently used dropped first beyond ``size`` entries or beyond
     ``max_bytes`` of their estimated size (JobDefinition.size_bytes), so memory stays bounded however many
     jobs a node runs and however large their arguments (at most radix.max_argument_bytes() each). A
-    definition larger than ``max_bytes`` alone is not kept at all; the attempt holding it still runs."""
+    definition larger than ``max_bytes`` alone is not kept (nor does it push others out); the attempt
+    holding it still runs."""
 
     def __init__(self, size: int, max_bytes: int):
         self.size = size
@@ -169,6 +170,8 @@ class DefinitionCache:
         previous = self._entries.pop(key, None)
         if previous is not None:
             self.total_bytes -= previous.size_bytes
+        if job.size_bytes > self.max_bytes:
+            return
         self._entries[key] = job
         self.total_bytes += job.size_bytes
         while self._entries and (len(self._entries) > self.size or self.total_bytes > self.max_bytes):
