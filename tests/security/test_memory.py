@@ -25,7 +25,8 @@ from psycopg.conninfo import make_conninfo
 from psycopg.types.json import Jsonb
 
 from radixjobs import catalog, documents
-from radixjobs.engine.definitions import DEFINITION_OVERHEAD_BYTES, DefinitionCache, JobDefinition
+from radixjobs.engine import definitions
+from radixjobs.engine.definitions import DEFINITION_OVERHEAD_BYTES, DefinitionCache, JobDefinition, dollar_quoted
 from radixjobs.errors import AdmissionError
 from radixjobs.model import EverySchedule
 from tests.apps import App
@@ -271,6 +272,25 @@ def test_a_principal_without_plpgsql_is_refused(app: App) -> None:
     assert refused.value.code == "42501"
     assert "cannot use PL/pgSQL" in str(refused.value)
     assert _counts(app) == (0, 0, 0)
+
+
+def test_a_dollar_quote_tag_never_occurs_in_its_text(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A text that would complete the tag early (it ends with the tag's start) gets another tag."""
+    tokens = iter(["aaaa", "bbbb"])
+    monkeypatch.setattr(definitions.secrets, "token_hex", lambda _n: next(tokens))
+    assert dollar_quoted("x$v_aaaa", "v") == "$v_bbbb$x$v_aaaa$v_bbbb$"
+
+
+def test_hostile_argument_text_reaches_the_procedure_intact(app: App) -> None:
+    """Quotes, backslashes and dollar quotes in a value, with the principal's own quoting settings."""
+    value = "it's \\' $$ $radix_value_ $radix_do_x$ %s %(x)s"
+    app.conn.execute(sql.SQL("ALTER ROLE {} SET standard_conforming_strings = off").format(
+        sql.Identifier(app.principal)))
+    app.conn.execute(sql.SQL("ALTER ROLE {} SET backslash_quote = on").format(sql.Identifier(app.principal)))
+    app.conn.execute("SELECT radix.create_job('app.hostile', '{\"at\": \"2020-01-01\"}', %s, 'app.record', %s)",
+                     (app.principal, Jsonb([{"kind": "string", "value": value}])))
+    assert app.run().counters["successes"] == 1
+    assert [e[1] for e in app.effects()] == [value]
 
 
 # ------------------------------------------------------------------------------------------ canonical text (item 12)
