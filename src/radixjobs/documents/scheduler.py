@@ -39,6 +39,7 @@ from radixjobs.documents import expression, model
 from radixjobs.documents.model import Candidate, Started
 from radixjobs.documents.services import ServiceRegistry, ServiceSpec
 from radixjobs.documents.services import call as call_service
+from radixjobs.engine.definitions import dollar_quoted
 from radixjobs.engine.nodes import register_node
 from radixjobs.engine.principals import PrincipalPools
 from radixjobs.engine.runner import default_node_id
@@ -356,7 +357,8 @@ class DocumentScheduler:
 
     async def _call_function(self, conn: psycopg.AsyncConnection[Any], parts: tuple[str, ...],
                              num: str) -> str | None:
-        """SELECT f() or CALL p(), by what the name is; bounded by db_timeout_s (then the backend is ended)."""
+        """PERFORM f() or CALL p() in a DO block, by what the name is; bounded by db_timeout_s (then the
+        backend is ended)."""
         quoted = ".".join('"' + p.replace('"', '""') + '"' for p in parts)
         try:
             cur = await conn.execute("SELECT prokind FROM pg_catalog.pg_proc WHERE oid OPERATOR(pg_catalog.=) "
@@ -368,8 +370,10 @@ class DocumentScheduler:
             return f"[42883] function {quoted}() does not exist (DB_FUNCTION is called without arguments)"
         if row[0] not in ("f", "p"):
             return f"[42809] {quoted}() is an aggregate or window function"
-        verb = sql.SQL(("CALL {}() " if row[0] == "p" else "SELECT {}() ") + RUN_TAG.format(num.encode().hex())
-                       ).format(sql.Identifier(*parts))
+        # in a DO block, so that nothing the routine returns (a result, a set, an INOUT value) reaches us
+        inner = sql.SQL("BEGIN CALL {}(); END" if row[0] == "p" else "BEGIN PERFORM {}(); END").format(
+            sql.Identifier(*parts)).as_string(None)
+        verb = sql.SQL("DO " + dollar_quoted(inner, "radix_do") + " " + RUN_TAG.format(num.encode().hex()))
         pid = conn.info.backend_pid
         call = asyncio.create_task(conn.execute(verb))
         try:

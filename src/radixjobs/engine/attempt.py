@@ -4,6 +4,7 @@ Atomic (the default): ``BEGIN; begin_attempt(marks the tick done); CALL; end_att
 procedure's effects and the completion marker commit together or not at all (exactly once).
 A procedure that commits inside fails that with 2D000; it is then run non-atomically (autocommit CALL,
 at-least-once) and the job is flagged ``non_atomic`` so later ticks go straight to that mode.
+The CALL is sent inside a DO block (definitions.build_call): OUT/INOUT results never reach the daemon.
 
 The connection is the principal's, with the principal's search_path and settings: every statement sent
 here besides the CALL names its functions with their schema and casts its parameters, so nothing the
@@ -164,7 +165,7 @@ class AttemptRunner:
         try:
             async with conn.pipeline(), conn.transaction():
                 await conn.execute(BEGIN_ATOMIC, (str(job.deadline_ms), claim.job_id, claim.lease_token))
-                await conn.execute(job.call, job.values)
+                await conn.execute(job.call)
                 await conn.execute(END_ATOMIC, (claim.job_id, claim.lease_token, next_planned_ns))
         except psycopg.Error as exc:
             return self._failure(exc, atomic=True, in_doubt=True)
@@ -175,7 +176,7 @@ class AttemptRunner:
         assert job.call is not None
         try:
             await conn.execute(BEGIN_NON_ATOMIC, (str(job.deadline_ms), claim.job_id, claim.lease_token))
-            await conn.execute(job.call, job.values)
+            await conn.execute(job.call)
             await conn.execute(END_NON_ATOMIC, (claim.job_id, claim.lease_token, next_planned_ns))
         except psycopg.Error as exc:
             return self._failure(exc, atomic=False, in_doubt=False)

@@ -44,7 +44,8 @@ from radixjobs.engine.slots import Slots
 log = logging.getLogger("radixjobs.engine")
 
 CLAIM_BATCH = 64
-MAX_DEFINITIONS = 10_000  # cached job definitions (least recently used dropped first)
+MAX_DEFINITIONS = 10_000  # cached job definitions (least recently used dropped first) …
+MAX_DEFINITION_BYTES = 16 * 1024 * 1024  # … and at most this much of them (JobDefinition.size_bytes)
 
 # Connections of our own pin search_path (radixjobs.db); the explicit types are a second line of defence.
 NEXT_DUE_IN = ("(SELECT (min(due_ns) - radix.to_ns(pg_catalog.clock_timestamp()))::pg_catalog.float8 / "
@@ -78,7 +79,7 @@ class Engine:
         self.concurrency = concurrency
         self.counters: Counter[str] = Counter(dict.fromkeys(COUNTER_KEYS, 0))
         self.last_error: dict[str, Any] | None = None
-        self._definitions = DefinitionCache(MAX_DEFINITIONS)
+        self._definitions = DefinitionCache(MAX_DEFINITIONS, MAX_DEFINITION_BYTES)
         self._due: tuple[float, float] | None = None  # (seconds until due, monotonic time measured)
         self.claim_filled = False  # the last dispatch claimed all it asked for: more may be due at once
         self._pool = AsyncConnectionPool(self.dsn, min_size=1, max_size=4, open=False,
