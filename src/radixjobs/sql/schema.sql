@@ -2189,7 +2189,7 @@ COMMENT ON FUNCTION radix.revoke_service(text, name) IS
     'Withdraw a grant made by radix.grant_service; runs already admitted fail at their next start.';
 
 -- ===== 0006_argument_limits.sql =====
--- 0005: memory bounds on what a tenant can store for the daemon to hold, and canonical argument text
+-- 0006: memory bounds on what a tenant can store for the daemon to hold, and canonical argument text
 -- from PostgreSQL's own output functions.
 --
 -- A job's stored arguments are at most radix.max_argument_bytes() bytes of canonical text in total; a

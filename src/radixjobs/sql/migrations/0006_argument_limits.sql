@@ -1,4 +1,4 @@
--- 0005: memory bounds on what a tenant can store for the daemon to hold, and canonical argument text
+-- 0006: memory bounds on what a tenant can store for the daemon to hold, and canonical argument text
 -- from PostgreSQL's own output functions.
 --
 -- A job's stored arguments are at most radix.max_argument_bytes() bytes of canonical text in total; a
