@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +12,7 @@ import click
 import psycopg
 
 from radixjobs import migrate, output
-from radixjobs.cli_common import Options, common_options, database, emit, ensure_schema
+from radixjobs.cli_common import F, Options, common_options, database, emit, ensure_schema
 from radixjobs.cli_docs import docs_group
 from radixjobs.config import open_target
 from radixjobs.db import connect, first_line
@@ -208,6 +209,14 @@ def jobs_history(opts: Options, name: str, limit: int) -> None:
 
 
 # -- run ---------------------------------------------------------------------------------------------
+def max_per_principal_option(default: str) -> Callable[[F], F]:
+    """``--max-per-principal N`` (or RADIXJOBS_MAX_PER_PRINCIPAL; the flag wins): see docs/security.md."""
+    return click.option(
+        "--max-per-principal", envvar="RADIXJOBS_MAX_PER_PRINCIPAL", default=None, type=click.IntRange(min=0),
+        metavar="N", help=f"Attempts one principal (RUN AS role) may have running in a database, all nodes "
+                          f"counted; 0: no cap. Default: {default}. Env: RADIXJOBS_MAX_PER_PRINCIPAL.")
+
+
 @cli.command("run")
 @click.option("--once", "once", is_flag=True, help="Run what is due now, then exit.")
 @click.option("--for", "seconds", type=click.FloatRange(min=0), default=None, metavar="SECONDS",
@@ -215,8 +224,10 @@ def jobs_history(opts: Options, name: str, limit: int) -> None:
 @click.option("--node-id", default=None, help="This node's id (default host:pid).")
 @click.option("--concurrency", default=8, show_default=True, type=click.IntRange(1, 256),
               help="Attempts run at the same time.")
+@max_per_principal_option("half of --concurrency")
 @common_options
-def run_command(opts: Options, once: bool, seconds: float | None, node_id: str | None, concurrency: int) -> None:
+def run_command(opts: Options, once: bool, seconds: float | None, node_id: str | None, concurrency: int,
+                max_per_principal: int | None) -> None:
     """Run due jobs of one database in the foreground (the daemon is `serve`)."""
     import asyncio
 
@@ -226,7 +237,8 @@ def run_command(opts: Options, once: bool, seconds: float | None, node_id: str |
         raise click.UsageError("give exactly one of --once or --for SECONDS")
 
     async def go(dsn: str) -> dict[str, Any]:
-        async with Engine(dsn, node_id=node_id, concurrency=concurrency) as engine:
+        async with Engine(dsn, node_id=node_id, concurrency=concurrency,
+                          max_per_principal=max_per_principal) as engine:
             ran = await engine.run_due() if once else await engine.run_for(seconds or 0.0)
             return {"attempts": ran, "node": engine.node_id, "counters": dict(engine.counters),
                     "last_error": engine.last_error}
@@ -249,6 +261,7 @@ def run_command(opts: Options, once: bool, seconds: float | None, node_id: str |
               help="Attempts running at once on this node.")
 @click.option("--per-database-concurrency", default=8, show_default=True, type=click.IntRange(1, 1024),
               help="Attempts running at once per database.")
+@max_per_principal_option("half of --per-database-concurrency")
 @click.option("--grace", default=30.0, show_default=True, type=click.FloatRange(min=0),
               help="Seconds running attempts get to finish on shutdown before they are cancelled.")
 @click.option("--poll", default=1.0, show_default=True, type=click.FloatRange(min=0.01),
@@ -261,8 +274,8 @@ def run_command(opts: Options, once: bool, seconds: float | None, node_id: str |
               help="Allow a CSP service for CRON_TABLE documents (besides the radixjobs.services entry points).")
 @common_options
 def serve_command(opts: Options, http: str, all_databases: bool, node_id: str | None, concurrency: int,
-                  per_database_concurrency: int, grace: float, poll: float, discovery_interval: float,
-                  log_format: str, demo: bool, services: tuple[str, ...]) -> None:
+                  per_database_concurrency: int, max_per_principal: int | None, grace: float, poll: float,
+                  discovery_interval: float, log_format: str, demo: bool, services: tuple[str, ...]) -> None:
     """Run the scheduler daemon until SIGINT/SIGTERM."""
     import asyncio
 
@@ -288,6 +301,7 @@ def serve_command(opts: Options, http: str, all_databases: bool, node_id: str | 
                 _install_demo(conn)
         config = DaemonConfig(dsn=target.dsn, all_databases=all_databases or target.embedded is not None,
                               concurrency=concurrency, per_database_concurrency=per_database_concurrency,
+                              max_per_principal=max_per_principal,
                               grace_s=grace, poll_s=poll, discovery_s=discovery_interval, services=allowed)
         if node_id:
             config.node_id = node_id

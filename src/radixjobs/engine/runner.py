@@ -46,8 +46,9 @@ log = logging.getLogger("radixjobs.engine")
 CLAIM_BATCH = 64
 MAX_DEFINITIONS = 10_000  # cached job definitions (least recently used dropped first)
 
-NEXT_DUE_IN = ("(SELECT (min(due_ns) - radix.to_ns(clock_timestamp())) / 1e9 FROM radix.radix_system_job_state "
-               "WHERE status IN ('scheduled', 'running', 'retry_wait'))")
+# Seconds until the next tick this engine's claim could take: a principal at its cap has nothing due
+# until one of its attempts ends (radix.next_due_in).
+NEXT_DUE_IN = "radix.next_due_in(%s::pg_catalog.int4)"
 # After a claim, in its round trip: seconds until the next due tick, and whether cron ticks await planning.
 AFTER_CLAIM = "SELECT " + NEXT_DUE_IN + ", " + CRON_DUE
 NEXT_DUE = "SELECT " + NEXT_DUE_IN
@@ -65,15 +66,26 @@ def default_node_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
+def principal_cap(concurrency: int, max_per_principal: int | None) -> int:
+    """The running attempts one principal may hold in a database (0: no cap). Default: half the engine's
+    slots (at least one), so one principal's due work always leaves slots for the others'."""
+    if max_per_principal is None:
+        return max(1, concurrency // 2)
+    if max_per_principal < 0:
+        raise ValueError("max_per_principal must be 0 (no cap) or more")
+    return max_per_principal
+
+
 class Engine:
     """Runs due work of one database. ``async with Engine(dsn) as e: await e.run_due()``."""
 
     def __init__(self, dsn: str, *, node_id: str | None = None, concurrency: int = 8,
                  grace_s: float = 5.0, pause: Pause | None = None, shared_slots: Slots | None = None,
-                 finished: asyncio.Event | None = None):
+                 finished: asyncio.Event | None = None, max_per_principal: int | None = None):
         self.dsn = dsn
         self.node_id = node_id or default_node_id()
         self.concurrency = concurrency
+        self.max_per_principal = principal_cap(concurrency, max_per_principal)
         self.counters: Counter[str] = Counter(dict.fromkeys(COUNTER_KEYS, 0))
         self.last_error: dict[str, Any] | None = None
         self._definitions = DefinitionCache(MAX_DEFINITIONS)
@@ -138,15 +150,15 @@ class Engine:
         them alone; they are planned (missed ones coalesced), then claimed. A cron tick never runs stale."""
         async with self._pool.connection() as conn:
             async with conn.pipeline():
-                claim_cur = await conn.execute(CLAIM, (self.node_id, limit, False))
-                after_cur = await conn.execute(AFTER_CLAIM)
+                claim_cur = await conn.execute(CLAIM, (self.node_id, limit, False, self.max_per_principal))
+                after_cur = await conn.execute(AFTER_CLAIM, (self.max_per_principal,))
             rows = await claim_cur.fetchall()
             after = await after_cur.fetchone()
             if after and after[1] and len(rows) < limit:
                 self.counters["coalesced_ticks"] += await plan_cron(conn)
-                cur = await conn.execute(CLAIM, (self.node_id, limit - len(rows), True))
+                cur = await conn.execute(CLAIM, (self.node_id, limit - len(rows), True, self.max_per_principal))
                 rows += await cur.fetchall()
-                after_cur = await conn.execute(NEXT_DUE)
+                after_cur = await conn.execute(NEXT_DUE, (self.max_per_principal,))
                 after = await after_cur.fetchone()
             self._note_due(after)
         claims = []
@@ -163,7 +175,7 @@ class Engine:
     async def next_due_in(self) -> float | None:
         """Seconds until the earliest due tick (0 when one is due now), or None when nothing is planned."""
         async with self._pool.connection() as conn:
-            cur = await conn.execute(NEXT_DUE)
+            cur = await conn.execute(NEXT_DUE, (self.max_per_principal,))
             self._note_due(await cur.fetchone())
         return self.due_in()
 
