@@ -250,3 +250,24 @@ def test_the_daemon_caps_each_principal_and_the_flag_beats_the_environment(tenan
                  message="the victim's attempt to end while the hostile one runs on")
     finally:
         daemon.stop()
+
+
+def test_no_tenant_can_hold_the_claims_up(tenants: Tenants) -> None:
+    """Every claim locks radix.claim_serial's row first; a tenant can neither lock it nor make a claim wait
+    from an open transaction its refused statement left aborted."""
+    tenants.attack(jobs=1, hold_s=0)
+    with tenants.as_role(tenants.hostile) as hostile:
+        hostile.autocommit = False
+        for attempt in ("SELECT * FROM radix.claim_serial FOR UPDATE",
+                        "LOCK TABLE radix.claim_serial IN ACCESS EXCLUSIVE MODE",
+                        "SELECT * FROM radix.claim_due('evil', 10, true, 0)",
+                        "SELECT radix.next_due_in(0)"):
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                hostile.execute(attempt.encode())
+            hostile.rollback()
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            hostile.execute(b"SELECT * FROM radix.claim_serial FOR UPDATE")  # the transaction stays open
+        tenants.conn.execute("SET lock_timeout = '5s'")
+        claimed = tenants.conn.execute("SELECT count(*) FROM radix.claim_due('n1', 10, true, 1)").fetchone()
+        assert claimed == (1,)
+        hostile.rollback()
