@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +11,14 @@ import click
 import psycopg
 
 from radixjobs import migrate, output
-from radixjobs.cli_common import F, Options, common_options, database, emit, ensure_schema
+from radixjobs.cli_common import (
+    Options,
+    common_options,
+    database,
+    emit,
+    ensure_schema,
+    max_per_principal_option,
+)
 from radixjobs.cli_docs import docs_group
 from radixjobs.config import open_target
 from radixjobs.db import connect, first_line
@@ -209,14 +215,6 @@ def jobs_history(opts: Options, name: str, limit: int) -> None:
 
 
 # -- run ---------------------------------------------------------------------------------------------
-def max_per_principal_option(default: str) -> Callable[[F], F]:
-    """``--max-per-principal N`` (or RADIXJOBS_MAX_PER_PRINCIPAL; the flag wins): see docs/security.md."""
-    return click.option(
-        "--max-per-principal", envvar="RADIXJOBS_MAX_PER_PRINCIPAL", default=None, type=click.IntRange(min=0),
-        metavar="N", help=f"Attempts one principal (RUN AS role) may have running in a database, all nodes "
-                          f"counted; 0: no cap. Default: {default}. Env: RADIXJOBS_MAX_PER_PRINCIPAL.")
-
-
 @cli.command("run")
 @click.option("--once", "once", is_flag=True, help="Run what is due now, then exit.")
 @click.option("--for", "seconds", type=click.FloatRange(min=0), default=None, metavar="SECONDS",

@@ -24,8 +24,10 @@ import psycopg
 import pytest
 from psycopg import sql
 
+from radixjobs import documents
+from radixjobs.documents import DocumentScheduler
 from radixjobs.engine import Engine
-from radixjobs.engine.runner import principal_cap
+from radixjobs.fairness import fair_order, principal_cap
 from tests.acceptance.serving import Serve
 from tests.apps import App
 from tests.support import PgCluster, wait_for
@@ -271,3 +273,61 @@ def test_no_tenant_can_hold_the_claims_up(tenants: Tenants) -> None:
         claimed = tenants.conn.execute("SELECT count(*) FROM radix.claim_due('n1', 10, true, 1)").fetchone()
         assert claimed == (1,)
         hostile.rollback()
+
+
+# -- documents: the same policy, per node ------------------------------------------------------------------
+HOG_SQL = "CREATE FUNCTION hostile.hog() RETURNS void LANGUAGE sql AS $$ SELECT pg_sleep(30) $$"
+VICTIM_FN_SQL = ("CREATE FUNCTION victim.task() RETURNS void LANGUAGE sql AS "
+                 "$$ INSERT INTO victim.runs DEFAULT VALUES $$")
+DOC_RUNNING_BY = ("SELECT count(*) FROM radix.sys_processes p JOIN radix.cron_table c ON c.num = p.task_num "
+                  "WHERE p.status = 'running' AND c.principal_oid = %s::regrole")
+
+
+def _document(num: int, function: str, run_as: str) -> dict[str, Any]:
+    return {"dockind": "CRON_TABLE", "status": "CRON_TABLE_ACTIVE", "props": {
+        "NUM": num, "DB_FUNCTION": function, "RUN_AS": run_as, "FIRST_RUN": "1970-01-01T00:00:00",
+        "INTERVAL": "now() + interval '1 hour'"}}
+
+
+def test_document_runs_are_shared_among_principals(tenants: Tenants) -> None:
+    with tenants.as_role(tenants.hostile) as c:
+        c.execute(HOG_SQL.encode())
+        documents.apply(c, [_document(900 + i, "hostile.hog", tenants.hostile) for i in range(8)])
+    with tenants.as_role(tenants.victim) as c:
+        c.execute(VICTIM_FN_SQL.encode())
+
+    def running() -> int:
+        row = tenants.conn.execute(DOC_RUNNING_BY, (tenants.hostile,)).fetchone()
+        return int(row[0]) if row else 0
+
+    async def go() -> tuple[int, float]:
+        stop = asyncio.Event()
+        async with DocumentScheduler(tenants.db, node_id="fair:docs", concurrency=2, entry_points=False,
+                                     grace_s=0.5) as scheduler:  # cap: 1 of 2 slots
+            task = asyncio.create_task(scheduler.serve(stop))
+            deadline = time.monotonic() + 30
+            try:
+                while running() < 1:
+                    assert time.monotonic() < deadline, "the hostile tasks never ran"
+                    await asyncio.sleep(0.05)
+                with tenants.as_role(tenants.victim) as c:
+                    documents.apply(c, _document(1, "victim.task", tenants.victim))
+                made, most = time.monotonic(), 0
+                while not tenants.victim_ran():
+                    most = max(most, running())
+                    assert time.monotonic() < deadline, f"the victim's task did not run (hostile: {most})"
+                    await asyncio.sleep(0.05)
+                return max(most, running()), time.monotonic() - made
+            finally:
+                stop.set()
+                await task
+
+    most, waited = asyncio.run(go())
+    assert most == 1
+    assert waited < 10  # not behind a hostile run (each holds 30 s)
+
+
+def test_document_runs_are_dealt_round_robin() -> None:
+    due = ["h1", "h2", "h3", "v1", "w1", "w2"]
+    assert fair_order(due, lambda n: n[0], {}) == ["h1", "v1", "w1", "h2", "w2", "h3"]
+    assert fair_order(due, lambda n: n[0], {"h": 2, "w": 1}) == ["v1", "w1", "h1", "w2", "h2", "h3"]

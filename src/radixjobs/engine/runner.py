@@ -40,6 +40,7 @@ from radixjobs.engine.nodes import register_node
 from radixjobs.engine.planning import CRON_DUE, plan_cron
 from radixjobs.engine.principals import PrincipalPools
 from radixjobs.engine.slots import Slots
+from radixjobs.fairness import principal_cap
 
 log = logging.getLogger("radixjobs.engine")
 
@@ -64,16 +65,6 @@ Pause = Callable[[str], Awaitable[None]]
 
 def default_node_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
-
-
-def principal_cap(concurrency: int, max_per_principal: int | None) -> int:
-    """The running attempts one principal may hold in a database (0: no cap). Default: half the engine's
-    slots (at least one), so one principal's due work always leaves slots for the others'."""
-    if max_per_principal is None:
-        return max(1, concurrency // 2)
-    if max_per_principal < 0:
-        raise ValueError("max_per_principal must be 0 (no cap) or more")
-    return max_per_principal
 
 
 class Engine:

@@ -71,7 +71,7 @@ class DatabaseOwner:
         await engine.start()
         self.engine = engine
         documents = DocumentScheduler(self.dsn, node_id=f"{self.node_id}:docs", services=self.services,
-                                      concurrency=self.concurrency)
+                                      concurrency=self.concurrency, max_per_principal=self.max_per_principal)
         self.documents = documents
         await documents.start()
         documents_task = asyncio.create_task(documents.serve(self._documents_stop), name=f"documents:{self.name}")
