@@ -40,7 +40,7 @@ CREATE TRIGGER job_principal_changed AFTER UPDATE OF principal_oid ON radix.jobs
     EXECUTE FUNCTION radix._job_principal_changed();
 
 -- Due work per principal, in due order: the claim reads each principal's earliest ticks from here, and
--- the distinct principals with live rows by a skip scan (one descent per principal).
+-- the distinct principals with live rows by a skip scan (two descents per principal).
 CREATE INDEX radix_system_job_state_principal_due ON radix.radix_system_job_state (principal_oid, due_ns)
     WHERE status IN ('scheduled', 'running', 'retry_wait');
 
