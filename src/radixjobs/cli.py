@@ -11,7 +11,14 @@ import click
 import psycopg
 
 from radixjobs import migrate, output
-from radixjobs.cli_common import Options, common_options, database, emit, ensure_schema
+from radixjobs.cli_common import (
+    Options,
+    common_options,
+    database,
+    emit,
+    ensure_schema,
+    max_per_principal_option,
+)
 from radixjobs.cli_docs import docs_group
 from radixjobs.config import open_target
 from radixjobs.db import connect, first_line
@@ -215,8 +222,10 @@ def jobs_history(opts: Options, name: str, limit: int) -> None:
 @click.option("--node-id", default=None, help="This node's id (default host:pid).")
 @click.option("--concurrency", default=8, show_default=True, type=click.IntRange(1, 256),
               help="Attempts run at the same time.")
+@max_per_principal_option("half of --concurrency")
 @common_options
-def run_command(opts: Options, once: bool, seconds: float | None, node_id: str | None, concurrency: int) -> None:
+def run_command(opts: Options, once: bool, seconds: float | None, node_id: str | None, concurrency: int,
+                max_per_principal: int | None) -> None:
     """Run due jobs of one database in the foreground (the daemon is `serve`)."""
     import asyncio
 
@@ -226,7 +235,8 @@ def run_command(opts: Options, once: bool, seconds: float | None, node_id: str |
         raise click.UsageError("give exactly one of --once or --for SECONDS")
 
     async def go(dsn: str) -> dict[str, Any]:
-        async with Engine(dsn, node_id=node_id, concurrency=concurrency) as engine:
+        async with Engine(dsn, node_id=node_id, concurrency=concurrency,
+                          max_per_principal=max_per_principal) as engine:
             ran = await engine.run_due() if once else await engine.run_for(seconds or 0.0)
             return {"attempts": ran, "node": engine.node_id, "counters": dict(engine.counters),
                     "last_error": engine.last_error}
@@ -255,6 +265,7 @@ def run_command(opts: Options, once: bool, seconds: float | None, node_id: str |
               help="Attempts running at once on this node.")
 @click.option("--per-database-concurrency", default=8, show_default=True, type=click.IntRange(1, 1024),
               help="Attempts running at once per database.")
+@max_per_principal_option("half of --per-database-concurrency")
 @click.option("--grace", default=30.0, show_default=True, type=click.FloatRange(min=0),
               help="Seconds running attempts get to finish on shutdown before they are cancelled.")
 @click.option("--poll", default=1.0, show_default=True, type=click.FloatRange(min=0.01),
@@ -269,8 +280,8 @@ def run_command(opts: Options, once: bool, seconds: float | None, node_id: str |
 @common_options
 def serve_command(opts: Options, http: str, http_max_connections: int | None, http_request_timeout: float,
                   all_databases: bool, node_id: str | None, concurrency: int,
-                  per_database_concurrency: int, grace: float, poll: float, discovery_interval: float,
-                  log_format: str, demo: bool, services: tuple[str, ...]) -> None:
+                  per_database_concurrency: int, max_per_principal: int | None, grace: float, poll: float,
+                  discovery_interval: float, log_format: str, demo: bool, services: tuple[str, ...]) -> None:
     """Run the scheduler daemon until SIGINT/SIGTERM."""
     import asyncio
 
@@ -296,6 +307,7 @@ def serve_command(opts: Options, http: str, http_max_connections: int | None, ht
                 _install_demo(conn)
         config = DaemonConfig(dsn=target.dsn, all_databases=all_databases or target.embedded is not None,
                               concurrency=concurrency, per_database_concurrency=per_database_concurrency,
+                              max_per_principal=max_per_principal,
                               grace_s=grace, poll_s=poll, discovery_s=discovery_interval, services=allowed)
         if node_id:
             config.node_id = node_id

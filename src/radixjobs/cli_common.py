@@ -67,3 +67,11 @@ def ensure_schema(conn: psycopg.Connection[Any], target: Target) -> None:
 
 def emit(opts: Options, value: Any, human: str) -> None:
     click.echo(output.to_json(value) if opts.json else human)
+
+
+def max_per_principal_option(default: str, counted: str = "in a database, all nodes counted") -> Callable[[F], F]:
+    """``--max-per-principal N`` (or RADIXJOBS_MAX_PER_PRINCIPAL; the flag wins): see docs/security.md."""
+    return click.option(
+        "--max-per-principal", envvar="RADIXJOBS_MAX_PER_PRINCIPAL", default=None, type=click.IntRange(min=0),
+        metavar="N", help=f"Attempts one principal (RUN AS role) may have running {counted}; 0: no cap. "
+                          f"Default: {default}. Env: RADIXJOBS_MAX_PER_PRINCIPAL.")

@@ -10,7 +10,7 @@ from typing import Any
 import click
 
 from radixjobs import migrate, output
-from radixjobs.cli_common import Options, common_options, database, emit
+from radixjobs.cli_common import Options, common_options, database, emit, max_per_principal_option
 from radixjobs.config import open_target
 from radixjobs.db import connect
 from radixjobs.documents import store
@@ -158,9 +158,11 @@ def _services(pairs: tuple[str, ...]) -> dict[str, str]:
               help="Period of the full reload, in seconds.")
 @click.option("--service-timeout", default=300.0, show_default=True, type=click.FloatRange(min=0.1),
               help="Seconds a CSP service may run before its worker is killed.")
+@max_per_principal_option("4 (half of the 8 slots)", "on this node")
 @common_options
 def docs_run(opts: Options, once: bool, seconds: float | None, service_pairs: tuple[str, ...],
-             node_id: str | None, check_period: float, reload_period: float, service_timeout: float) -> None:
+             node_id: str | None, check_period: float, reload_period: float, service_timeout: float,
+             max_per_principal: int | None) -> None:
     """Run the CRON_TABLE tasks of one database in the foreground."""
     import asyncio
 
@@ -172,7 +174,8 @@ def docs_run(opts: Options, once: bool, seconds: float | None, service_pairs: tu
 
     async def go(dsn: str) -> dict[str, Any]:
         async with DocumentScheduler(dsn, node_id=node_id, services=allowed, check_period_s=check_period,
-                                     reload_period_s=reload_period, service_timeout_s=service_timeout) as s:
+                                     reload_period_s=reload_period, service_timeout_s=service_timeout,
+                                     max_per_principal=max_per_principal) as s:
             ran = await s.run_due() if once else await s.run_for(seconds or 0.0)
             return {"runs": ran, "node": s.node_id, "counters": dict(s.counters), "last_error": s.last_error}
 

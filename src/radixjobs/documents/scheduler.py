@@ -13,6 +13,9 @@ One check (the seed's reload + ``_processTask``) reads the ACTIVE tasks that are
   as the principal (``expression.evaluate``), ``radix.doc_finish`` writes it all in one transaction,
   fenced by the process and the document version (a concurrent edit makes it decide again).
 
+Fairness (radixjobs.fairness): runs are started round-robin among the tasks' principals (RUN_AS), and a
+principal with ``max_per_principal`` runs started or waiting for a slot on this node gets no more.
+
 Time: ``clock`` (a callable returning an aware datetime) is the scheduler's "now" for due checks, the
 documents' maintained times and the expressions' now(); None means the database clock.
 """
@@ -43,6 +46,7 @@ from radixjobs.engine.definitions import dollar_quoted
 from radixjobs.engine.nodes import register_node
 from radixjobs.engine.principals import PrincipalPools
 from radixjobs.engine.runner import default_node_id
+from radixjobs.fairness import fair_order, principal_cap
 
 log = logging.getLogger("radixjobs.documents")
 
@@ -58,6 +62,9 @@ RUN_TAG: Final = "/* radixjobs task {} */"
 STILL_RUNNING: Final = ("SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE usename = %s AND state <> 'idle' "
                         "AND query LIKE %s)")
 RERUN_POLL_S: Final = 0.05
+# radix.doc_candidates in its own order, with each task's principal (for the fairness of the runs)
+CANDIDATES: Final = ("SELECT d.*, c.principal_oid FROM radix.doc_candidates(%s, %s, %s::bigint[]) WITH ORDINALITY d "
+                     "LEFT JOIN radix.cron_table c ON c.num OPERATOR(pg_catalog.=) d.num ORDER BY d.ordinality")
 
 
 class DocumentScheduler:
@@ -67,7 +74,8 @@ class DocumentScheduler:
                  services: Mapping[str, ServiceSpec] | None = None, entry_points: bool = True,
                  clock: Clock | None = None, concurrency: int = 8, check_period_s: float = 30.0,
                  reload_period_s: float = 600.0, db_timeout_s: float = 240.0, service_timeout_s: float = 300.0,
-                 expression_timeout_ms: int = 1000, hold_node_lock: bool = True, grace_s: float = 10.0):
+                 expression_timeout_ms: int = 1000, hold_node_lock: bool = True, grace_s: float = 10.0,
+                 max_per_principal: int | None = None):
         self.dsn = scheduler_dsn(dsn)
         self.node_id = node_id or f"{default_node_id()}:docs"
         self.registry = ServiceRegistry(services, entry_points=entry_points)
@@ -88,6 +96,9 @@ class DocumentScheduler:
         self._control: psycopg.AsyncConnection[Any] | None = None
         self._slots = asyncio.Semaphore(concurrency)
         self._busy: set[str] = set()
+        self.max_per_principal = principal_cap(concurrency, max_per_principal)
+        self._principal_of: dict[str, int] = {}  # task -> its RUN_AS role's oid, as of the last check
+        self._runs_of: Counter[int] = Counter()  # principal oid -> runs started or waiting for a slot
         self._in_flight: set[int] = set()
         self._tasks: set[asyncio.Task[bool]] = set()
         self._stop_workers = threading.Event()
@@ -138,13 +149,18 @@ class DocumentScheduler:
     async def check(self) -> list[asyncio.Task[bool]]:
         """One pass of the decision table; starts the work it decides on (tasks return "progressed")."""
         started = []
-        for c in await self._candidates():
+        candidates = await self._candidates()
+        for c in fair_order(candidates, lambda c: self._principal_of.get(c.num, 0), self._runs_of):
             if c.num in self._busy:
                 continue
             action = model.process_task(c.now, c.due_at, c.sys_process_id, c.process)
             work: Awaitable[bool]
             if action in (model.Action.RUN, model.Action.RERUN):
-                work = self._run(c, action)
+                principal = self._principal_of.get(c.num, 0)
+                if self.max_per_principal and self._runs_of[principal] >= self.max_per_principal:
+                    continue  # at its cap: looked at again when one of its runs ends
+                self._runs_of[principal] += 1
+                work = self._counted(principal, self._run(c, action))
             elif action in (model.Action.FINISH_OK, model.Action.FINISH_ERROR):
                 work = self._finish_recorded(c, action)
             else:
@@ -223,6 +239,14 @@ class DocumentScheduler:
             await asyncio.sleep(1.0)  # the serve loop reconnects; never in a tight loop
 
     # -- one task ----------------------------------------------------------------------------------------
+    async def _counted(self, principal: int, work: Awaitable[bool]) -> bool:
+        try:
+            return await work
+        finally:
+            self._runs_of[principal] -= 1
+            if self._runs_of[principal] <= 0:
+                del self._runs_of[principal]
+
     async def _guard(self, num: str, work: Awaitable[bool]) -> bool:
         try:
             return await work
@@ -402,9 +426,9 @@ class DocumentScheduler:
 
     async def _candidates(self) -> list[Candidate]:
         async with self._pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
-            await cur.execute("SELECT * FROM radix.doc_candidates(%s, %s, %s::bigint[])",
-                              (self._at(), self.node_id, list(self._in_flight)))
+            await cur.execute(CANDIDATES, (self._at(), self.node_id, list(self._in_flight)))
             rows = await cur.fetchall()
+        self._principal_of = {r["num"]: int(r["principal_oid"] or 0) for r in rows}
         return [Candidate(r["num"], r["version"], r["due_at"], r["sys_process_id"],
                           None if r["process_status"] is None else
                           model.ProcessState(r["process_status"], bool(r["process_live"]), r["process_error"]),

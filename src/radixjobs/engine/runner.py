@@ -40,6 +40,7 @@ from radixjobs.engine.nodes import register_node
 from radixjobs.engine.planning import CRON_DUE, plan_cron
 from radixjobs.engine.principals import PrincipalPools
 from radixjobs.engine.slots import Slots
+from radixjobs.fairness import principal_cap
 
 log = logging.getLogger("radixjobs.engine")
 
@@ -47,10 +48,9 @@ CLAIM_BATCH = 64
 MAX_DEFINITIONS = 10_000  # cached job definitions (least recently used dropped first) …
 MAX_DEFINITION_BYTES = 16 * 1024 * 1024  # … and at most this much of them (JobDefinition.size_bytes)
 
-# Connections of our own pin search_path (radixjobs.db); the explicit types are a second line of defence.
-NEXT_DUE_IN = ("(SELECT (min(due_ns) - radix.to_ns(pg_catalog.clock_timestamp()))::pg_catalog.float8 / "
-               "1e9::pg_catalog.float8 FROM radix.radix_system_job_state "
-               "WHERE status IN ('scheduled', 'running', 'retry_wait'))")
+# Seconds until the next tick this engine's claim could take: a principal at its cap has nothing due
+# until one of its attempts ends (radix.next_due_in).
+NEXT_DUE_IN = "radix.next_due_in(%s::pg_catalog.int4)"
 # After a claim, in its round trip: seconds until the next due tick, and whether cron ticks await planning.
 AFTER_CLAIM = "SELECT " + NEXT_DUE_IN + ", " + CRON_DUE
 NEXT_DUE = "SELECT " + NEXT_DUE_IN
@@ -73,10 +73,11 @@ class Engine:
 
     def __init__(self, dsn: str, *, node_id: str | None = None, concurrency: int = 8,
                  grace_s: float = 5.0, pause: Pause | None = None, shared_slots: Slots | None = None,
-                 finished: asyncio.Event | None = None):
+                 finished: asyncio.Event | None = None, max_per_principal: int | None = None):
         self.dsn = scheduler_dsn(dsn)
         self.node_id = node_id or default_node_id()
         self.concurrency = concurrency
+        self.max_per_principal = principal_cap(concurrency, max_per_principal)
         self.counters: Counter[str] = Counter(dict.fromkeys(COUNTER_KEYS, 0))
         self.last_error: dict[str, Any] | None = None
         self._definitions = DefinitionCache(MAX_DEFINITIONS, MAX_DEFINITION_BYTES)
@@ -141,15 +142,15 @@ class Engine:
         them alone; they are planned (missed ones coalesced), then claimed. A cron tick never runs stale."""
         async with self._pool.connection() as conn:
             async with conn.pipeline():
-                claim_cur = await conn.execute(CLAIM, (self.node_id, limit, False))
-                after_cur = await conn.execute(AFTER_CLAIM)
+                claim_cur = await conn.execute(CLAIM, (self.node_id, limit, False, self.max_per_principal))
+                after_cur = await conn.execute(AFTER_CLAIM, (self.max_per_principal,))
             rows = await claim_cur.fetchall()
             after = await after_cur.fetchone()
             if after and after[1] and len(rows) < limit:
                 self.counters["coalesced_ticks"] += await plan_cron(conn)
-                cur = await conn.execute(CLAIM, (self.node_id, limit - len(rows), True))
+                cur = await conn.execute(CLAIM, (self.node_id, limit - len(rows), True, self.max_per_principal))
                 rows += await cur.fetchall()
-                after_cur = await conn.execute(NEXT_DUE)
+                after_cur = await conn.execute(NEXT_DUE, (self.max_per_principal,))
                 after = await after_cur.fetchone()
             self._note_due(after)
         claims = []
@@ -166,7 +167,7 @@ class Engine:
     async def next_due_in(self) -> float | None:
         """Seconds until the earliest due tick (0 when one is due now), or None when nothing is planned."""
         async with self._pool.connection() as conn:
-            cur = await conn.execute(NEXT_DUE)
+            cur = await conn.execute(NEXT_DUE, (self.max_per_principal,))
             self._note_due(await cur.fetchone())
         return self.due_in()
 

@@ -36,6 +36,7 @@ class DaemonConfig:
     node_id: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}")
     concurrency: int = 32
     per_database_concurrency: int = 8
+    max_per_principal: int | None = None  # running attempts per principal and database; None: half the above
     grace_s: float = 30.0
     poll_s: float = 1.0
     discovery_s: float = 5.0
@@ -119,7 +120,8 @@ class Daemon:
         dsn = dsn_for_database(self.config.dsn, name) if self.config.all_databases else self.config.dsn
         owner = DatabaseOwner(name, dsn, node_id=self.config.node_id, slots=self.slots,
                               concurrency=self.config.per_database_concurrency, poll_s=self.config.poll_s,
-                              grace_s=self.config.grace_s, services=self.config.services)
+                              grace_s=self.config.grace_s, services=self.config.services,
+                              max_per_principal=self.config.max_per_principal)
         self.owners[name] = (owner, asyncio.create_task(owner.run(), name=f"owner:{name}"))
         log.info("serving database db=%s node=%s", name, self.config.node_id)
 
