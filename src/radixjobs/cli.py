@@ -11,7 +11,14 @@ import click
 import psycopg
 
 from radixjobs import migrate, output
-from radixjobs.cli_common import Options, common_options, database, emit, ensure_schema
+from radixjobs.cli_common import (
+    Options,
+    common_options,
+    database,
+    emit,
+    ensure_schema,
+    max_per_principal_option,
+)
 from radixjobs.cli_docs import docs_group
 from radixjobs.config import open_target
 from radixjobs.db import connect, first_line
@@ -48,7 +55,7 @@ def sql_command(opts: Options, text: str | None, file: Any) -> None:
         raise click.UsageError("give either -c or -f, not both")
     if text is None:
         text = file.read() if file is not None else sys.stdin.read()
-    with database(opts, bounded=False) as conn:
+    with database(opts, pinned=False) as conn:  # the user's SQL, in the user's own search_path
         for result in run_script(conn, text):
             if opts.json:
                 if result.returns_rows:
@@ -215,8 +222,10 @@ def jobs_history(opts: Options, name: str, limit: int) -> None:
 @click.option("--node-id", default=None, help="This node's id (default host:pid).")
 @click.option("--concurrency", default=8, show_default=True, type=click.IntRange(1, 256),
               help="Attempts run at the same time.")
+@max_per_principal_option("half of --concurrency")
 @common_options
-def run_command(opts: Options, once: bool, seconds: float | None, node_id: str | None, concurrency: int) -> None:
+def run_command(opts: Options, once: bool, seconds: float | None, node_id: str | None, concurrency: int,
+                max_per_principal: int | None) -> None:
     """Run due jobs of one database in the foreground (the daemon is `serve`)."""
     import asyncio
 
@@ -226,7 +235,8 @@ def run_command(opts: Options, once: bool, seconds: float | None, node_id: str |
         raise click.UsageError("give exactly one of --once or --for SECONDS")
 
     async def go(dsn: str) -> dict[str, Any]:
-        async with Engine(dsn, node_id=node_id, concurrency=concurrency) as engine:
+        async with Engine(dsn, node_id=node_id, concurrency=concurrency,
+                          max_per_principal=max_per_principal) as engine:
             ran = await engine.run_due() if once else await engine.run_for(seconds or 0.0)
             return {"attempts": ran, "node": engine.node_id, "counters": dict(engine.counters),
                     "last_error": engine.last_error}
@@ -243,12 +253,19 @@ def run_command(opts: Options, once: bool, seconds: float | None, node_id: str |
 @cli.command("serve")
 @click.option("--http", "http", default="127.0.0.1:7317", show_default=True, metavar="HOST:PORT|off",
               help="Status endpoint address (port 0 picks a free port).")
+@click.option("--http-max-connections", type=click.IntRange(1, 100_000), default=None, metavar="N",
+              help="Most HTTP connections open at once; more are closed on accept. [default: from the "
+                   "descriptor limit less what the scheduler needs, at most 64]")
+@click.option("--http-request-timeout", type=click.FloatRange(0.1, 3600), default=10.0, show_default=True,
+              metavar="SECONDS", help="Time an HTTP client gets to send a complete request (idle and slow "
+                                      "clients are disconnected after it).")
 @click.option("--all-databases", is_flag=True, help="Serve every ready database of the cluster.")
 @click.option("--node-id", default=None, help="This node's id (default host:pid).")
 @click.option("--concurrency", default=32, show_default=True, type=click.IntRange(1, 1024),
               help="Attempts running at once on this node.")
 @click.option("--per-database-concurrency", default=8, show_default=True, type=click.IntRange(1, 1024),
               help="Attempts running at once per database.")
+@max_per_principal_option("half of --per-database-concurrency")
 @click.option("--grace", default=30.0, show_default=True, type=click.FloatRange(min=0),
               help="Seconds running attempts get to finish on shutdown before they are cancelled.")
 @click.option("--poll", default=1.0, show_default=True, type=click.FloatRange(min=0.01),
@@ -258,11 +275,13 @@ def run_command(opts: Options, once: bool, seconds: float | None, node_id: str |
 @click.option("--log-format", type=click.Choice(["text", "json"]), default="text", show_default=True)
 @click.option("--demo", is_flag=True, help="Install a demo job (demo.heartbeat, every 5 s) first.")
 @click.option("--service", "services", multiple=True, metavar="NAME=module:function",
-              help="Allow a CSP service for CRON_TABLE documents (besides the radixjobs.services entry points).")
+              help="Register a CSP service for CRON_TABLE documents (besides the radixjobs.services entry "
+                   "points); who may use it is granted in the database (radixjobs docs grant-service).")
 @common_options
-def serve_command(opts: Options, http: str, all_databases: bool, node_id: str | None, concurrency: int,
-                  per_database_concurrency: int, grace: float, poll: float, discovery_interval: float,
-                  log_format: str, demo: bool, services: tuple[str, ...]) -> None:
+def serve_command(opts: Options, http: str, http_max_connections: int | None, http_request_timeout: float,
+                  all_databases: bool, node_id: str | None, concurrency: int,
+                  per_database_concurrency: int, max_per_principal: int | None, grace: float, poll: float,
+                  discovery_interval: float, log_format: str, demo: bool, services: tuple[str, ...]) -> None:
     """Run the scheduler daemon until SIGINT/SIGTERM."""
     import asyncio
 
@@ -288,25 +307,33 @@ def serve_command(opts: Options, http: str, all_databases: bool, node_id: str | 
                 _install_demo(conn)
         config = DaemonConfig(dsn=target.dsn, all_databases=all_databases or target.embedded is not None,
                               concurrency=concurrency, per_database_concurrency=per_database_concurrency,
+                              max_per_principal=max_per_principal,
                               grace_s=grace, poll_s=poll, discovery_s=discovery_interval, services=allowed)
         if node_id:
             config.node_id = node_id
-        asyncio.run(_serve(Daemon(config), address, demo))
+        asyncio.run(_serve(Daemon(config), address, demo, http_max_connections, http_request_timeout))
 
 
-async def _serve(daemon: Any, address: tuple[str, int] | None, demo: bool) -> None:
-    from radixjobs.server.http import start_http
+async def _serve(daemon: Any, address: tuple[str, int] | None, demo: bool, max_connections: int | None,
+                 request_timeout_s: float) -> None:
+    from radixjobs.server.connections import raise_nofile_limit
+    from radixjobs.server.http import http_limits, start_http
 
     daemon.install_signal_handlers()
     http_server = None
     if address is not None:
-        http_server, http_task, port = await start_http(daemon, *address)
+        limits = http_limits(daemon, max_connections, request_timeout_s)
+        http_server, http_task, port = await start_http(daemon, *address, limits)
         base = f"http://{address[0]}:{port}"
         logging.getLogger("radixjobs.server").info(
-            "status %s/status metrics %s/metrics health %s/healthz node=%s", base, base, base,
-            daemon.config.node_id, extra={"fields": {"http": base, "node": daemon.config.node_id}})
+            "status %s/status metrics %s/metrics health %s/healthz node=%s http_max_connections=%s "
+            "http_request_timeout_s=%s", base, base, base, daemon.config.node_id, limits.max_connections,
+            limits.request_timeout_s, extra={"fields": {"http": base, "node": daemon.config.node_id,
+                                                        "http_max_connections": limits.max_connections}})
         click.echo(f"radixjobs serving (node {daemon.config.node_id}); status: {base}/status, "
                    f"metrics: {base}/metrics", err=True)
+    else:
+        raise_nofile_limit()
     if demo:
         click.echo("demo job demo.heartbeat runs every 5 s: see `radixjobs jobs history demo.heartbeat` "
                    "or `radixjobs sql -c 'select * from demo.runs order by id desc limit 5'`", err=True)

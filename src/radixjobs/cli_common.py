@@ -47,15 +47,14 @@ def common_options(func: F) -> F:
 
 
 @contextlib.contextmanager
-def database(opts: Options, *, need_schema: bool = True,
-             bounded: bool = True) -> Iterator[psycopg.Connection[Any]]:
+def database(opts: Options, *, need_schema: bool = True, pinned: bool = True) -> Iterator[psycopg.Connection[Any]]:
     """A connection to the target; the embedded default gets the schema installed on the way.
 
-    ``bounded``: radixjobs' own statements wait for locks at most RADIXJOBS_LOCK_TIMEOUT (``sql`` runs the
-    user's statements and leaves the session's lock_timeout alone).
+    Pinned (search_path = pg_catalog, pg_temp) and with lock waits bounded (RADIXJOBS_LOCK_TIMEOUT) unless it
+    runs the user's own SQL text (``pinned=False``: the user's search_path and lock_timeout).
     """
-    with open_target(opts.dsn, opts.home) as target, connect(target.dsn) as conn:
-        if bounded:
+    with open_target(opts.dsn, opts.home) as target, connect(target.dsn, pinned=pinned) as conn:
+        if pinned:
             bound_lock_waits(conn)
         if need_schema:
             ensure_schema(conn, target)
@@ -75,3 +74,11 @@ def ensure_schema(conn: psycopg.Connection[Any], target: Target) -> None:
 
 def emit(opts: Options, value: Any, human: str) -> None:
     click.echo(output.to_json(value) if opts.json else human)
+
+
+def max_per_principal_option(default: str, counted: str = "in a database, all nodes counted") -> Callable[[F], F]:
+    """``--max-per-principal N`` (or RADIXJOBS_MAX_PER_PRINCIPAL; the flag wins): see docs/security.md."""
+    return click.option(
+        "--max-per-principal", envvar="RADIXJOBS_MAX_PER_PRINCIPAL", default=None, type=click.IntRange(min=0),
+        metavar="N", help=f"Attempts one principal (RUN AS role) may have running {counted}; 0: no cap. "
+                          f"Default: {default}. Env: RADIXJOBS_MAX_PER_PRINCIPAL.")

@@ -1,4 +1,5 @@
-"""``radixjobs docs``: CRON_TABLE documents (DocScheduler tasks) — apply, list, show, run."""
+"""``radixjobs docs``: CRON_TABLE documents (DocScheduler tasks) — apply, list, show, run, and the
+operator's CSP service grants (services, grant-service, revoke-service)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Any
 import click
 
 from radixjobs import output
-from radixjobs.cli_common import Options, common_options, database, emit, ensure_schema
+from radixjobs.cli_common import Options, common_options, database, emit, ensure_schema, max_per_principal_option
 from radixjobs.config import open_target
 from radixjobs.db import connect
 from radixjobs.documents import store
@@ -96,6 +97,43 @@ def docs_show(opts: Options, num: str, limit: int) -> None:
     emit(opts, doc, human)
 
 
+@docs_group.command("services")
+@common_options
+def docs_services(opts: Options) -> None:
+    """The CSP service grants: every one for the operator, only those this role benefits from otherwise."""
+    with database(opts) as conn:
+        grants = store.list_service_grants(conn)
+    emit(opts, grants, output.render_table(["service", "grantee", "granted_by", "granted_at"],
+                                           [[g["service"], g["grantee"], g["granted_by"], g["granted_at"]]
+                                            for g in grants]))
+
+
+@docs_group.command("grant-service")
+@click.argument("service")
+@click.argument("grantee")
+@common_options
+def docs_grant_service(opts: Options, service: str, grantee: str) -> None:
+    """Let documents whose RUN_AS has the privileges of GRANTEE (a role, or PUBLIC) name SERVICE (operator)."""
+    with database(opts) as conn:
+        added = store.grant_service(conn, service, grantee)
+    emit(opts, {"service": service, "grantee": grantee, "changed": added},
+         f"granted CSP service {service!r} to {grantee}" if added
+         else f"CSP service {service!r} was already granted to {grantee}")
+
+
+@docs_group.command("revoke-service")
+@click.argument("service")
+@click.argument("grantee")
+@common_options
+def docs_revoke_service(opts: Options, service: str, grantee: str) -> None:
+    """Withdraw a grant of SERVICE to GRANTEE (operator); its tasks fail at their next start."""
+    with database(opts) as conn:
+        removed = store.revoke_service(conn, service, grantee)
+    emit(opts, {"service": service, "grantee": grantee, "changed": removed},
+         f"revoked CSP service {service!r} from {grantee}" if removed
+         else f"CSP service {service!r} was not granted to {grantee}")
+
+
 def _services(pairs: tuple[str, ...]) -> dict[str, str]:
     out = {}
     for pair in pairs:
@@ -111,7 +149,8 @@ def _services(pairs: tuple[str, ...]) -> dict[str, str]:
 @click.option("--for", "seconds", type=click.FloatRange(min=0), default=None, metavar="SECONDS",
               help="Serve for SECONDS (notifications, timers), then exit.")
 @click.option("--service", "service_pairs", multiple=True, metavar="NAME=module:function",
-              help="Allow a CSP service (repeatable); entry points 'radixjobs.services' are allowed too.")
+              help="Register a CSP service (repeatable; entry points 'radixjobs.services' too). Who may use "
+                   "it is granted in the database: radixjobs docs grant-service.")
 @click.option("--node-id", default=None, help="This node's id (default host:pid:docs).")
 @click.option("--check-period", default=30.0, show_default=True, type=click.FloatRange(min=0.1),
               help="Longest wait between checks, in seconds.")
@@ -119,9 +158,11 @@ def _services(pairs: tuple[str, ...]) -> dict[str, str]:
               help="Period of the full reload, in seconds.")
 @click.option("--service-timeout", default=300.0, show_default=True, type=click.FloatRange(min=0.1),
               help="Seconds a CSP service may run before its worker is killed.")
+@max_per_principal_option("4 (half of the 8 slots)", "on this node")
 @common_options
 def docs_run(opts: Options, once: bool, seconds: float | None, service_pairs: tuple[str, ...],
-             node_id: str | None, check_period: float, reload_period: float, service_timeout: float) -> None:
+             node_id: str | None, check_period: float, reload_period: float, service_timeout: float,
+             max_per_principal: int | None) -> None:
     """Run the CRON_TABLE tasks of one database in the foreground."""
     import asyncio
 
@@ -133,7 +174,8 @@ def docs_run(opts: Options, once: bool, seconds: float | None, service_pairs: tu
 
     async def go(dsn: str) -> dict[str, Any]:
         async with DocumentScheduler(dsn, node_id=node_id, services=allowed, check_period_s=check_period,
-                                     reload_period_s=reload_period, service_timeout_s=service_timeout) as s:
+                                     reload_period_s=reload_period, service_timeout_s=service_timeout,
+                                     max_per_principal=max_per_principal) as s:
             ran = await s.run_due() if once else await s.run_for(seconds or 0.0)
             return {"runs": ran, "node": s.node_id, "counters": dict(s.counters), "last_error": s.last_error}
 

@@ -10,6 +10,14 @@ Layout of a home directory::
 
 Only a Unix socket is opened (no TCP), with ``trust`` authentication, so the scheduler can log in as any
 principal role over it (SPEC §4) and nobody but the socket's OS owner (and root) can connect.
+
+Run as root, the server runs as the OS user ``embedded_postgres`` (PostgreSQL refuses root). The modes of
+directories that already exist are never changed: when that user cannot reach the home (say it lies under
+``/root``, mode 0700), the server's own files (``pgdata/``, ``run/``, ``postgres.log``) live in a directory
+of its own, ``/var/lib/radixjobs/<digest of the home>/`` (mode 0700, owned by that user), and
+``HOME/pgdata`` is a symlink recording where. The binaries must be reachable by that user as installed.
+``postgres.log`` is created 0600. The server logs no statement texts, parameters or ERROR lines (an error
+message can quote a job's argument): ``log_min_messages = log``, ``log_min_error_statement = panic``.
 A process that had to start the server marks it ephemeral and the last user stops it on exit;
 ``radixjobs db start`` clears the mark, and such a server keeps running until ``radixjobs db stop``.
 """
@@ -30,7 +38,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 from urllib.parse import quote
 
 import platformdirs
@@ -44,12 +52,22 @@ SUPERUSER = "postgres"
 PORT = 5432
 SOCKET_PATH_MAX = 100  # sun_path is 108 bytes on Linux; keep a margin
 
+SYSTEM_DIR = Path("/var/lib/radixjobs")  # root only: server directories when the home is out of reach
+
 DEFAULT_SETTINGS: dict[str, str] = {
     "max_connections": "300",
     "listen_addresses": "",
     "unix_socket_permissions": "0700",
     "lc_messages": "C",  # error texts are classified (timeout vs cancel), so keep them in English
-    "log_min_messages": "warning",
+    # no statement or ERROR line in the log: an error message quotes the value that failed conversion
+    # (a job's argument), a statement its literals. Both are superuser-only settings, so no principal
+    # can turn them back on for its session. The history keeps each failure, under row visibility.
+    "log_min_messages": "log",
+    "log_min_error_statement": "panic",
+    "log_parameter_max_length": "0",
+    "log_parameter_max_length_on_error": "0",
+    "log_statement": "none",
+    "log_min_duration_statement": "-1",
     "log_connections": "off",
 }
 
@@ -92,14 +110,37 @@ class EmbeddedServer:
 
     def __init__(self, home: Path | None = None, settings: dict[str, str] | None = None):
         self.home = (home or default_home()).expanduser().absolute()
-        self.pgdata = self.home / "pgdata"
         self.settings = {**DEFAULT_SETTINGS, **(settings or {})}
         self._users_lock: IO[bytes] | None = None
+        self._server_dir: Path | None = None
 
     # -- paths and identity ----------------------------------------------------------------------
     @property
+    def server_dir(self) -> Path:
+        """Where pgdata, run and the log live: the home, or (root) a directory of the server's own."""
+        if self._server_dir is not None:
+            return self._server_dir
+        chosen = self._choose_server_dir()
+        if self.home.exists():  # the choice depends on the home's reachability: final once it exists
+            self._server_dir = chosen
+        return chosen
+
+    def _choose_server_dir(self) -> Path:
+        link = self.home / "pgdata"
+        if link.is_symlink():  # relocated earlier
+            return link.resolve().parent
+        user = self._os_user()
+        if link.exists() or user is None or _reachable(self.home, user):
+            return self.home
+        return SYSTEM_DIR / hashlib.sha256(str(self.home).encode()).hexdigest()[:16]
+
+    @property
+    def pgdata(self) -> Path:
+        return self.server_dir / "pgdata"
+
+    @property
     def socket_dir(self) -> Path:
-        own = self.home / "run"
+        own = self.server_dir / "run"
         if len(str(own / f".s.PGSQL.{PORT}")) <= SOCKET_PATH_MAX:
             return own
         digest = hashlib.sha256(str(self.home).encode()).hexdigest()[:12]
@@ -107,7 +148,7 @@ class EmbeddedServer:
 
     @property
     def log_file(self) -> Path:
-        return self.home / "postgres.log"
+        return self.server_dir / "postgres.log"
 
     def _os_user(self) -> str | None:
         """Name of the OS user the server runs as: PostgreSQL refuses to run as root."""
@@ -125,7 +166,7 @@ class EmbeddedServer:
         user = self._os_user()
         try:
             return subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=timeout,
-                                  user=user, env={**os.environ, "LC_ALL": "C"}, cwd="/")
+                                  env={**os.environ, "LC_ALL": "C"}, cwd="/", **_as_user(user))
         except subprocess.CalledProcessError as exc:
             detail = (exc.stderr or exc.stdout or "").strip().splitlines()
             last = detail[-1] if detail else f"exit code {exc.returncode}"
@@ -185,35 +226,61 @@ class EmbeddedServer:
 
     def _initdb(self) -> None:
         user = self._os_user()
-        self.pgdata.mkdir(parents=True, exist_ok=True)
         if user is not None:
-            self._make_reachable(user)
+            self._prepare_for(user)
+        else:
+            self.pgdata.mkdir(mode=0o700, parents=True, exist_ok=True)
         self._run("initdb", "-D", str(self.pgdata), "-U", SUPERUSER, "--auth-local=trust",
                   "--auth-host=reject", "--encoding=UTF8", "--locale=C", "--no-instructions")
 
-    def _make_reachable(self, user: str) -> None:
-        """Let the server's OS user reach the binaries and own its data and socket directories."""
+    def _prepare_for(self, user: str) -> None:
+        """Give the server's OS user its own directories (0700) and log (0600); never widen another.
+
+        The binaries and the server directory must be reachable as they are: a directory that exists
+        keeps its mode (a 0700 parent opened to 0711 let every local user reach the log)."""
         entry = pwd.getpwnam(user)
+        if not _reachable(bin_dir(), user):
+            raise EmbeddedServerError(
+                f"the server's OS user {user} cannot reach the PostgreSQL binaries in {bin_dir()}; radixjobs "
+                "does not widen existing directories: install it where other users may traverse (e.g. under "
+                "/opt), or run it as an ordinary user")
+        if self.server_dir != self.home:
+            if not SYSTEM_DIR.exists():
+                SYSTEM_DIR.mkdir(parents=True)
+                SYSTEM_DIR.chmod(0o711)  # ours: traverse only, whatever the umask
+            self.server_dir.mkdir(mode=0o700, exist_ok=True)
+            os.chown(self.server_dir, entry.pw_uid, entry.pw_gid)
+            if not _reachable(self.server_dir, user):
+                raise EmbeddedServerError(f"the server's OS user {user} cannot reach {self.server_dir}")
+            link = self.home / "pgdata"
+            if not link.is_symlink():
+                link.symlink_to(self.pgdata, target_is_directory=True)
         for path in (self.pgdata, self.socket_dir):
-            path.mkdir(parents=True, exist_ok=True)
+            path.mkdir(mode=0o700, parents=True, exist_ok=True)
             os.chown(path, entry.pw_uid, entry.pw_gid)
             path.chmod(0o700)
-        for parent in [self.home, *self.home.parents, *bin_dir().parents]:
-            mode = parent.stat().st_mode
-            if mode & 0o011 != 0o011:
-                parent.chmod(mode | 0o011)  # traverse only, no listing
-        self.log_file.touch()
-        os.chown(self.log_file, entry.pw_uid, entry.pw_gid)
+
+    def _open_log(self, user: str | None) -> None:
+        """Create the server log 0600 (owned by the server's OS user), or make an old one 0600."""
+        fd = os.open(self.log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
+        try:
+            os.fchmod(fd, 0o600)
+            if user is not None:
+                entry = pwd.getpwnam(user)
+                os.fchown(fd, entry.pw_uid, entry.pw_gid)
+        finally:
+            os.close(fd)
 
     def _start(self) -> ServerInfo:
         if not (self.pgdata / "PG_VERSION").exists():
             self._initdb()
         user = self._os_user()
-        self.socket_dir.mkdir(parents=True, exist_ok=True)
+        self.socket_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         if user is not None:
-            self._make_reachable(user)
+            self._prepare_for(user)
         else:
             self.socket_dir.chmod(0o700)
+        self._open_log(user)
         options = [f"-k {self.socket_dir}", f"-p {PORT}"]
         options += [f"-c {k}={v}" if v else f"-c {k}=''" for k, v in self.settings.items()]
         self._run("pg_ctl", "-D", str(self.pgdata), "-l", str(self.log_file), "-w", "-t", "60",
@@ -273,6 +340,28 @@ class EmbeddedServer:
         """Stop the server and delete the home directory (temporary servers)."""
         with self._server_lock():
             self._stop()
+        server_dir, socket_dir = self.server_dir, self.socket_dir
         shutil.rmtree(self.home, ignore_errors=True)
-        if self.socket_dir != self.home / "run":
-            shutil.rmtree(self.socket_dir, ignore_errors=True)
+        if server_dir != self.home:
+            shutil.rmtree(server_dir, ignore_errors=True)
+        if socket_dir != server_dir / "run":
+            shutil.rmtree(socket_dir, ignore_errors=True)
+
+
+def _as_user(user: str | None) -> dict[str, Any]:
+    """subprocess arguments to run as ``user`` with its own group and no supplementary groups (the
+    server must not keep root's groups), or none when not switching."""
+    if user is None:
+        return {}
+    entry = pwd.getpwnam(user)
+    return {"user": entry.pw_uid, "group": entry.pw_gid, "extra_groups": []}
+
+
+def _reachable(path: Path, user: str) -> bool:
+    """Can ``user`` (with its own group only) traverse into ``path``? Asked of the kernel, ACLs included."""
+    try:
+        done = subprocess.run(["/bin/sh", "-c", 'cd -- "$1"', "sh", str(path)], capture_output=True,
+                              timeout=30, cwd="/", **_as_user(user))
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return done.returncode == 0

@@ -25,7 +25,7 @@ from psycopg import errors
 from radixjobs.db import bound_lock_waits, lock_timeout_ms
 from radixjobs.errors import SchemaError
 
-# The advisory key installs used before 0005 (the bytes "radixmig" as a big-endian bigint). Nothing takes
+# The advisory key installs used before 0008_locks_notify (the bytes "radixmig" as a big-endian bigint). Nothing takes
 # it any more; kept so tests can show that a role holding it blocks nothing.
 MIGRATION_LOCK_KEY = int.from_bytes(b"radixmig", "big", signed=True)
 # Above this pg_notification_queue_usage() notifications are skipped (radix._hint uses the same level).
@@ -77,6 +77,7 @@ def code_version() -> int:
 
 def installed_version(conn: psycopg.Connection[Any]) -> int | None:
     """The database's schema version, or None when radixjobs was never installed there."""
+    # qualified: the connection may be the user's own (``radixjobs sql``), with the user's search_path
     row = conn.execute("SELECT pg_catalog.to_regclass('radix.schema_migrations') IS NOT NULL").fetchone()
     if not row or not row[0]:
         return None
@@ -92,7 +93,7 @@ def install(conn: psycopg.Connection[Any], *, from_schema: bool = True) -> list[
     try:
         _bootstrap(conn)
         with conn.transaction():
-            bound_lock_waits(conn, local=True)
+            _pin(conn)
             conn.execute("SELECT FROM radix.migration_lock FOR UPDATE")
             current = installed_version(conn)
             _refuse_newer(current)
@@ -119,7 +120,7 @@ def _bootstrap(conn: psycopg.Connection[Any]) -> None:
     for attempt in range(BOOTSTRAP_ATTEMPTS):
         try:
             with conn.transaction():
-                bound_lock_waits(conn, local=True)
+                _pin(conn)
                 row = conn.execute(_BOOTSTRAPPED).fetchone()
                 if row and row[0]:
                     return
@@ -128,6 +129,13 @@ def _bootstrap(conn: psycopg.Connection[Any]) -> None:
         except (errors.UniqueViolation, errors.DuplicateSchema, errors.DuplicateTable, errors.DuplicateObject):
             if attempt == BOOTSTRAP_ATTEMPTS - 1:  # another first install won each race: its objects exist
                 raise
+
+
+def _pin(conn: psycopg.Connection[Any]) -> None:
+    """For this transaction: search_path pinned (the caller's connection may not be one of ours: tests, the
+    Python API) and lock waits bounded."""
+    conn.execute("SET LOCAL search_path = pg_catalog, pg_temp")
+    bound_lock_waits(conn, local=True)
 
 
 def _lock_timeout_message(conn: psycopg.Connection[Any]) -> str:

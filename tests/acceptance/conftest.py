@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from radixjobs.embedded import EmbeddedServer
+
 Run = Callable[..., subprocess.CompletedProcess[str]]
 
 
@@ -27,6 +29,7 @@ def cli_home(tmp_path: Path) -> Iterator[Path]:
     home = tmp_path / "home"
     yield home
     run_cli("db", "stop", "--home", str(home))
+    EmbeddedServer(home).destroy()  # as root the cluster may live outside the home (/var/lib/radixjobs)
 
 
 @pytest.fixture

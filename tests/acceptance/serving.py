@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,13 +19,15 @@ from tests.support import wait_for
 class Serve:
     """A ``radixjobs serve`` process with its stderr in a file and its status URL once it is up."""
 
-    def __init__(self, tmp_path: Path, *args: str, env: dict[str, str] | None = None, name: str = "node"):
+    def __init__(self, tmp_path: Path, *args: str, env: dict[str, str] | None = None, name: str = "node",
+                 preexec_fn: Callable[[], None] | None = None):
         self.log = tmp_path / f"{name}.log"
         base = {k: v for k, v in os.environ.items() if not k.startswith("PG") and k != "RADIXJOBS_DSN"}
         with open(self.log, "wb") as err:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "radixjobs", "serve", "--http", "127.0.0.1:0", "--log-format", "json",
-                 "--node-id", name, *args], stdout=subprocess.DEVNULL, stderr=err, env={**base, **(env or {})})
+                 "--node-id", name, *args], stdout=subprocess.DEVNULL, stderr=err, env={**base, **(env or {})},
+                preexec_fn=preexec_fn)
         self.url = wait_for(self._find_url, timeout=60, message=f"{name} to serve")
 
     def _find_url(self) -> str | None:

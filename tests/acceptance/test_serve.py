@@ -13,6 +13,7 @@ import pytest
 from psycopg import sql
 
 from radixjobs import migrate
+from radixjobs.embedded import EmbeddedServer
 from tests.acceptance.serving import Serve
 from tests.apps import App
 from tests.support import PgCluster, wait_for
@@ -141,7 +142,7 @@ def test_sigterm_waits_then_cancels_past_the_grace(app: App, tmp_path: Path) -> 
     app.job("CREATE JOB app.long SCHEDULE AT TIMESTAMP '2020-01-01' RUN AS {p} CALL app.long()")
     daemon = Serve(tmp_path, "--grace", "1", env=_dsn_env(app), name="node")
     try:
-        wait_for(lambda: app.conn.execute("SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'CALL%%long%%' "
+        wait_for(lambda: app.conn.execute("SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'DO%%CALL%%long%%' "
                                           "AND state = 'active'").fetchone() == (1,), message="the long CALL")
         started = time.monotonic()
         daemon.signal(signal.SIGTERM)
@@ -169,7 +170,7 @@ def test_status_metrics_healthz_stay_bounded(app: App, tmp_path: Path) -> None:
         assert set(status) == {"node", "uptime_s", "version", "databases", "counters", "running_attempts",
                                "last_error"}
         assert status["node"] == "node"
-        assert status["last_error"]["error"] == "PL_JOB_ATTEMPT_FAILED"
+        assert status["last_error"] == {"source": "job", "category": "raised_exception", "kind": "raise_exception"}
         code, metrics = daemon.get("/metrics")
         assert code == 200
         series = [line for line in metrics.splitlines() if line and not line.startswith("#")]
@@ -217,6 +218,7 @@ def test_demo_on_the_embedded_server(tmp_path: Path) -> None:
     from tests.acceptance.conftest import run_cli
 
     assert run_cli("db", "status", "--home", str(home)).returncode == 3  # the server it started is stopped
+    EmbeddedServer(home).destroy()  # as root the cluster may live outside the home (/var/lib/radixjobs)
 
 
 def test_daemon_runs_cron_table_documents_beside_jobs(app: App, tmp_path: Path) -> None:

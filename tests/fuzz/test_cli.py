@@ -180,7 +180,9 @@ def test_every_command_refuses_the_unreachable_server_in_one_line(files: dict[st
             continue
         argv = list(path) + ([files["doc.json"]] if path == ("docs", "apply") else [])
         argv += {("jobs", "show"): ["a.b"], ("jobs", "history"): ["a.b"], ("docs", "show"): ["1"],
-                 ("run",): ["--once"], ("docs", "run"): ["--once"], ("sql",): ["-c", "select 1"]}.get(path, [])
+                 ("run",): ["--once"], ("docs", "run"): ["--once"], ("sql",): ["-c", "select 1"],
+                 ("docs", "grant-service"): ["svc", "PUBLIC"], ("docs", "revoke-service"): ["svc", "PUBLIC"],
+                 }.get(path, [])
         code, _, stderr = run_main(argv if path != ("status",) else [*argv, "--http", "127.0.0.1:9"], files["home"])
         assert code == 1, (path, stderr)
         assert stderr.strip().splitlines() == [stderr.strip()], (path, stderr)

@@ -758,8 +758,7 @@ END $$;
 def seed_call_as_principal(site: Site, worker: str) -> None:
     """Run the stored CALL the way the engine will, on a connection logged in as the principal."""
     job = site.existing_job("maintenance.expire_sessions")
-    call, values = build_call("auth", "expire_sessions", job["arguments"])
-    site.connect(worker).execute(call, values)
+    site.connect(worker).execute(build_call("auth", "expire_sessions", job["arguments"]))
     assert site.su.execute("SELECT count(*) FROM auth.sessions").fetchone() == (3,)
 
 

@@ -214,7 +214,7 @@ def test_run_as_follows_the_may_act_as_rule(tenant: Tenant, roles: Any, pg: Any,
     assert documents.overview(tenant.admin)[0]["principal"] == other
     with psycopg.connect(pg.dsn_for(conninfo_to_dict(db)["dbname"], user=stranger), autocommit=True) as c:
         assert documents.list_documents(c) == []  # not visible to other roles
-        with pytest.raises(DocumentError, match="belongs to role") as not_owner:
+        with pytest.raises(DocumentError, match="belongs to another role") as not_owner:
             documents.apply(c, doc(1, RUN_AS=stranger))
     assert not_owner.value.code == "42501"
 
@@ -479,6 +479,8 @@ SERVICES = {"raises": "json:loads", "exits": "os:_exit", "hangs": "time:sleep", 
 
 async def test_csp_services_fail_alone(tenant: Tenant, db: str, clock: Clock, tmp_path: Path) -> None:
     out = tmp_path / "params.json"
+    for service in (*SERVICES, "not_registered"):  # the operator lets the tenant use them
+        tenant.admin.execute("SELECT radix.grant_service(%s, %s)", (service, tenant.role))
     tenant.apply([
         doc("raise", DB_FUNCTION=None, CSP_SERVICE="raises", CSP_SERVICE_PARAMS='"not json"'),
         doc("exit", DB_FUNCTION=None, CSP_SERVICE="exits", CSP_SERVICE_PARAMS="3"),
@@ -495,7 +497,7 @@ async def test_csp_services_fail_alone(tenant: Tenant, db: str, clock: Clock, tm
     assert errors["raise"].startswith("CSP service 'raises': JSONDecodeError: Expecting value")
     assert errors["exit"] == "CSP service 'exits': the worker process exited with code 3 without a result"
     assert errors["hang"] == "CSP service 'hangs' timed out after 1.5 s: worker killed"
-    assert errors["unknown"].startswith("CSP service 'not_registered' is not registered with this scheduler")
+    assert errors["unknown"] == "CSP service 'not_registered' is not registered with this scheduler"
     assert errors["ok"] is None
     assert json.loads(out.read_text(encoding="utf-8")) == {"path": str(out), "n": 1}
     assert tenant.processes("ok")[0]["params"] == {"path": str(out), "n": 1}

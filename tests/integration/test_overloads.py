@@ -66,11 +66,10 @@ def stored_binding(job: dict[str, Any]) -> tuple[Binding, ...]:
 
 
 def run_stored_call(site: Site, conn: Conn, job: dict[str, Any]) -> None:
-    """The CALL the engine will make from the stored binding (exact types, bound values)."""
+    """The CALL the engine will make from the stored binding (exact types, values read by their input functions)."""
     schema, name = site.su.execute("SELECT pronamespace::regnamespace::text, proname FROM pg_proc WHERE oid = %s",
                                    (job["procedure_oid"],)).fetchone() or ("", "")
-    call, values = build_call(schema, name, job["arguments"])
-    conn.execute(call, values)
+    conn.execute(build_call(schema, name, job["arguments"]))
 
 
 # ------------------------------------------------------------------------------------------ overload resolution
@@ -182,7 +181,7 @@ VALUES: dict[str, Value] = {
     "negative integer": Value("integer", "-5", "-5"),
     "numeric keeps its scale": Value("numeric", "1.50", "1.50"),
     "float keeps its precision": Value("double precision", "0.30000000000000004", "0.30000000000000004"),
-    "boolean": Value("boolean", "true", "true"),
+    "boolean": Value("boolean", "true", "t"),  # the output function's text (a cast to text says "true")
     "NULL": Value("text", "NULL", None),
     "quoted string": Value("text", "'it''s; DROP TABLE work.calls; --'", "it's; DROP TABLE work.calls; --"),
     "escape string": Value("text", "E'tab\\there'", "tab\there"),
@@ -198,7 +197,8 @@ ODD_SESSION = ("SET DateStyle = 'SQL, DMY'", "SET IntervalStyle = 'sql_standard'
 # the procedure prints what it received in one fixed way, whatever the principal's session settings are
 RECORDER = ("CREATE PROCEDURE work.v(a {type}) LANGUAGE plpgsql "
             "SET DateStyle = 'ISO, MDY' SET IntervalStyle = 'postgres' SET extra_float_digits = 1 SET TimeZone = 'UTC' "
-            "AS $$ BEGIN INSERT INTO work.calls (tag) VALUES (coalesce(a::text, '<null>')); END $$")
+            "AS $$ BEGIN INSERT INTO work.calls (tag) "
+            "VALUES (CASE WHEN a IS NULL THEN '<null>' ELSE format('%s', a) END); END $$")
 
 
 @pytest.mark.parametrize("session", ["default settings", "odd settings"])

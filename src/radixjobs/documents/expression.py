@@ -60,9 +60,12 @@ _NOW_TYPES: Final = {
     SQLValueFunctionOp.SVFOP_LOCALTIMESTAMP: "timestamp",
     SQLValueFunctionOp.SVFOP_LOCALTIMESTAMP_N: "timestamp",
 }
-_SETTINGS: Final = ("SELECT set_config('statement_timeout', %s, true), set_config('search_path', "
-                    "'pg_catalog, pg_temp', true), set_config('TimeZone', 'UTC', true), "
-                    "set_config('DateStyle', 'ISO, MDY', true), set_config('IntervalStyle', 'postgres', true)")
+# Sent on the principal's connection, under the principal's search_path: every name is qualified.
+_SETTINGS: Final = ("SELECT pg_catalog.set_config('statement_timeout', %s::pg_catalog.text, true), "
+                    "pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true), "
+                    "pg_catalog.set_config('TimeZone', 'UTC', true), "
+                    "pg_catalog.set_config('DateStyle', 'ISO, MDY', true), "
+                    "pg_catalog.set_config('IntervalStyle', 'postgres', true)")
 
 
 # The reasons quote pieces of the user's text (a token, a name): its control characters are escaped, so a

@@ -6,10 +6,15 @@ One check (the seed's reload + ``_processTask``) reads the ACTIVE tasks that are
 (``radix.doc_candidates``) and applies the pure decision table ``model.process_task`` to each:
 - run / rerun: ``radix.doc_start`` creates the system process, fenced by the process the decision saw,
   so two schedulers never start one task twice; then the target runs (DB_FUNCTION on a connection
-  logged in as the principal, CSP_SERVICE in a worker process), ``radix.doc_record`` records its outcome;
+  logged in as the principal, CSP_SERVICE in a worker process), ``radix.doc_record`` records its outcome.
+  Nothing runs when doc_start returns a refusal: RUN_AS no longer allowed, or (CSP_SERVICE) the service no
+  longer granted to RUN_AS (``radix.grant_service``); the run then fails with that one-line text;
 - finish (the seed's ``_finishTask``): ``model.plan_finish`` counts errors, the next time is evaluated
   as the principal (``expression.evaluate``), ``radix.doc_finish`` writes it all in one transaction,
   fenced by the process and the document version (a concurrent edit makes it decide again).
+
+Fairness (radixjobs.fairness): runs are started round-robin among the tasks' principals (RUN_AS), and a
+principal with ``max_per_principal`` runs started or waiting for a slot on this node gets no more.
 
 Time: ``clock`` (a callable returning an aware datetime) is the scheduler's "now" for due checks, the
 documents' maintained times and the expressions' now(); None means the database clock.
@@ -32,14 +37,16 @@ from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
 from radixjobs import retry
-from radixjobs.db import abound_lock_waits
+from radixjobs.db import abound_lock_waits, scheduler_dsn
 from radixjobs.documents import expression, model
 from radixjobs.documents.model import Candidate, Started
 from radixjobs.documents.services import ServiceRegistry, ServiceSpec
 from radixjobs.documents.services import call as call_service
+from radixjobs.engine.definitions import dollar_quoted
 from radixjobs.engine.nodes import register_node
 from radixjobs.engine.principals import PrincipalPools
 from radixjobs.engine.runner import default_node_id
+from radixjobs.fairness import fair_order, principal_cap
 from radixjobs.migrate import NOTIFY_QUEUE_LIMIT
 
 log = logging.getLogger("radixjobs.documents")
@@ -60,6 +67,9 @@ RERUN_POLL_S: Final = 0.05
 # it, so a full queue never fails a write): the scheduler then looks this often instead of every check
 # period, so a change is still picked up within about a second.
 HINTLESS_CHECK_S: Final = 1.0
+# radix.doc_candidates in its own order, with each task's principal (for the fairness of the runs)
+CANDIDATES: Final = ("SELECT d.*, c.principal_oid FROM radix.doc_candidates(%s, %s, %s::bigint[]) WITH ORDINALITY d "
+                     "LEFT JOIN radix.cron_table c ON c.num OPERATOR(pg_catalog.=) d.num ORDER BY d.ordinality")
 
 
 class DocumentScheduler:
@@ -69,8 +79,9 @@ class DocumentScheduler:
                  services: Mapping[str, ServiceSpec] | None = None, entry_points: bool = True,
                  clock: Clock | None = None, concurrency: int = 8, check_period_s: float = 30.0,
                  reload_period_s: float = 600.0, db_timeout_s: float = 240.0, service_timeout_s: float = 300.0,
-                 expression_timeout_ms: int = 1000, hold_node_lock: bool = True, grace_s: float = 10.0):
-        self.dsn = dsn
+                 expression_timeout_ms: int = 1000, hold_node_lock: bool = True, grace_s: float = 10.0,
+                 max_per_principal: int | None = None):
+        self.dsn = scheduler_dsn(dsn)
         self.node_id = node_id or f"{default_node_id()}:docs"
         self.registry = ServiceRegistry(services, entry_points=entry_points)
         self.clock = clock
@@ -85,13 +96,16 @@ class DocumentScheduler:
         self.last_error: dict[str, Any] | None = None
         self.cancel = asyncio.Event()
         self.hints_skipped = False  # the last look found the NOTIFY queue too full for wake-ups
-        self._pool = AsyncConnectionPool(dsn, min_size=1, max_size=4, open=False,
+        self._pool = AsyncConnectionPool(self.dsn, min_size=1, max_size=4, open=False,
                                          kwargs={"autocommit": True}, name="radix-documents",
                                          configure=abound_lock_waits)
         self._principals = PrincipalPools(dsn, max_idle=concurrency)
         self._control: psycopg.AsyncConnection[Any] | None = None
         self._slots = asyncio.Semaphore(concurrency)
         self._busy: set[str] = set()
+        self.max_per_principal = principal_cap(concurrency, max_per_principal)
+        self._principal_of: dict[str, int] = {}  # task -> its RUN_AS role's oid, as of the last check
+        self._runs_of: Counter[int] = Counter()  # principal oid -> runs started or waiting for a slot
         self._in_flight: set[int] = set()
         self._tasks: set[asyncio.Task[bool]] = set()
         self._stop_workers = threading.Event()
@@ -142,13 +156,18 @@ class DocumentScheduler:
     async def check(self) -> list[asyncio.Task[bool]]:
         """One pass of the decision table; starts the work it decides on (tasks return "progressed")."""
         started = []
-        for c in await self._candidates():
+        candidates = await self._candidates()
+        for c in fair_order(candidates, lambda c: self._principal_of.get(c.num, 0), self._runs_of):
             if c.num in self._busy:
                 continue
             action = model.process_task(c.now, c.due_at, c.sys_process_id, c.process)
             work: Awaitable[bool]
             if action in (model.Action.RUN, model.Action.RERUN):
-                work = self._run(c, action)
+                principal = self._principal_of.get(c.num, 0)
+                if self.max_per_principal and self._runs_of[principal] >= self.max_per_principal:
+                    continue  # at its cap: looked at again when one of its runs ends
+                self._runs_of[principal] += 1
+                work = self._counted(principal, self._run(c, action))
             elif action in (model.Action.FINISH_OK, model.Action.FINISH_ERROR):
                 work = self._finish_recorded(c, action)
             else:
@@ -230,6 +249,14 @@ class DocumentScheduler:
             await asyncio.sleep(1.0)  # the serve loop reconnects; never in a tight loop
 
     # -- one task ----------------------------------------------------------------------------------------
+    async def _counted(self, principal: int, work: Awaitable[bool]) -> bool:
+        try:
+            return await work
+        finally:
+            self._runs_of[principal] -= 1
+            if self._runs_of[principal] <= 0:
+                del self._runs_of[principal]
+
     async def _guard(self, num: str, work: Awaitable[bool]) -> bool:
         try:
             return await work
@@ -364,10 +391,12 @@ class DocumentScheduler:
 
     async def _call_function(self, conn: psycopg.AsyncConnection[Any], parts: tuple[str, ...],
                              num: str) -> str | None:
-        """SELECT f() or CALL p(), by what the name is; bounded by db_timeout_s (then the backend is ended)."""
+        """PERFORM f() or CALL p() in a DO block, by what the name is; bounded by db_timeout_s (then the
+        backend is ended)."""
         quoted = ".".join('"' + p.replace('"', '""') + '"' for p in parts)
         try:
-            cur = await conn.execute("SELECT prokind FROM pg_proc WHERE oid = to_regprocedure(%s)", (quoted + "()",))
+            cur = await conn.execute("SELECT prokind FROM pg_catalog.pg_proc WHERE oid OPERATOR(pg_catalog.=) "
+                                     "pg_catalog.to_regprocedure(%s::pg_catalog.text)", (quoted + "()",))
             row = await cur.fetchone()
         except psycopg.Error as exc:
             return expression.db_error_text(exc)
@@ -375,8 +404,10 @@ class DocumentScheduler:
             return f"[42883] function {quoted}() does not exist (DB_FUNCTION is called without arguments)"
         if row[0] not in ("f", "p"):
             return f"[42809] {quoted}() is an aggregate or window function"
-        verb = sql.SQL(("CALL {}() " if row[0] == "p" else "SELECT {}() ") + RUN_TAG.format(num.encode().hex())
-                       ).format(sql.Identifier(*parts))
+        # in a DO block, so that nothing the routine returns (a result, a set, an INOUT value) reaches us
+        inner = sql.SQL("BEGIN CALL {}(); END" if row[0] == "p" else "BEGIN PERFORM {}(); END").format(
+            sql.Identifier(*parts)).as_string(None)
+        verb = sql.SQL("DO " + dollar_quoted(inner, "radix_do") + " " + RUN_TAG.format(num.encode().hex()))
         pid = conn.info.backend_pid
         call = asyncio.create_task(conn.execute(verb))
         try:
@@ -396,7 +427,7 @@ class DocumentScheduler:
     async def _terminate(self, pid: int, call: asyncio.Task[Any]) -> None:
         """End a principal backend from the scheduler's own connection, and wait for its call to fail."""
         async with self._pool.connection() as control:
-            await control.execute("SELECT pg_terminate_backend(%s)", (pid,))
+            await control.execute("SELECT pg_catalog.pg_terminate_backend(%s::pg_catalog.int4)", (pid,))
         await asyncio.gather(call, return_exceptions=True)
 
     # -- database round trips ----------------------------------------------------------------------------
@@ -405,9 +436,9 @@ class DocumentScheduler:
 
     async def _candidates(self) -> list[Candidate]:
         async with self._pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
-            await cur.execute("SELECT * FROM radix.doc_candidates(%s, %s, %s::bigint[])",
-                              (self._at(), self.node_id, list(self._in_flight)))
+            await cur.execute(CANDIDATES, (self._at(), self.node_id, list(self._in_flight)))
             rows = await cur.fetchall()
+        self._principal_of = {r["num"]: int(r["principal_oid"] or 0) for r in rows}
         return [Candidate(r["num"], r["version"], r["due_at"], r["sys_process_id"],
                           None if r["process_status"] is None else
                           model.ProcessState(r["process_status"], bool(r["process_live"]), r["process_error"]),

@@ -3,7 +3,10 @@
 A document names a service (CSP_SERVICE); it never carries an import path. The name is looked up in the
 scheduler's registry: the entry point group ``radixjobs.services`` of the installed packages, plus an
 explicit allow-list ``{name: "module:function"}`` (or ``{name: function}``) from its configuration, which
-wins on a clash. An unregistered name fails the run with a clear error.
+wins on a clash. Registering a service makes it runnable, not usable: who may use a name is granted in the
+database (``radix.grant_service``), checked when a document is applied and again by ``radix.doc_start``
+before every run, so the scheduler only ever calls a service for a task whose grant holds. An unregistered
+name fails the run with a one-line error that never lists the registered names.
 
 Each call runs in its own process (multiprocessing, spawn context) with a timeout, so a service that
 raises, crashes the interpreter (``os._exit``, a segfault) or hangs only fails its own run: the worker is
@@ -143,8 +146,6 @@ async def call(registry: ServiceRegistry, name: str, params: Any, *, timeout_s: 
                cancel: threading.Event | None = None) -> ServiceOutcome:
     """Run service ``name`` with ``params``; never raises for the service's own failures."""
     spec = registry.spec(name)
-    if spec is None:
-        known = ", ".join(registry.names()) or "none"
-        return ServiceOutcome(False, f"CSP service {name!r} is not registered with this scheduler "
-                                     f"(registered: {known})")
+    if spec is None:  # never list the registered names: the text is recorded in the document
+        return ServiceOutcome(False, f"CSP service {name!r} is not registered with this scheduler")
     return await asyncio.to_thread(call_blocking, name, spec, params, timeout_s=timeout_s, cancel=cancel)

@@ -3,14 +3,18 @@
 Writes go through ``radix.apply_documents`` — the function a SQL user calls — after the same checks in
 Python (model.validate, plus the expression checker PostgreSQL does not have), so a bad input is refused
 whole, with every problem named, before anything is sent. Reads go through ``radix.document_overview``,
-which shows a role its own documents (all to a superuser).
+which shows a role the documents whose owner's privileges it has (all to a superuser).
+
+Who may use a CSP service is granted in the database by the operator (``grant_service`` /
+``revoke_service``: the radix schema owner or a superuser); ``list_service_grants`` shows the operator every
+grant and anyone else only the grants it benefits from.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, LiteralString
 
 import psycopg
 from psycopg.rows import dict_row
@@ -121,3 +125,32 @@ def overview_row(row: Mapping[str, Any]) -> dict[str, Any]:
         "next_run_at": row["next_run_at"],
     }
     return {key: values.get(key) for key in LIST_COLUMNS}
+
+
+def grant_service(conn: Conn, service: str, grantee: str) -> bool:
+    """Let documents whose RUN_AS has the privileges of ``grantee`` (a role, or ``PUBLIC``) name ``service``;
+    False when that grant existed. The operator's verb: others get permission denied."""
+    return _service_verb(conn, "SELECT radix.grant_service(%s::pg_catalog.text, %s::pg_catalog.name)",
+                         service, grantee)
+
+
+def revoke_service(conn: Conn, service: str, grantee: str) -> bool:
+    """Withdraw a grant; False when there was none. Tasks already applied fail at their next start."""
+    return _service_verb(conn, "SELECT radix.revoke_service(%s::pg_catalog.text, %s::pg_catalog.name)",
+                         service, grantee)
+
+
+def _service_verb(conn: Conn, query: LiteralString, service: str, grantee: str) -> bool:
+    try:
+        with conn.transaction():
+            row = conn.execute(query, (service, grantee)).fetchone()
+    except psycopg.Error as exc:
+        raise AdmissionError(exc.diag.message_primary or first_line(exc), exc.sqlstate or "RX000") from None
+    return bool(row and row[0])
+
+
+def list_service_grants(conn: Conn) -> list[dict[str, Any]]:
+    """The CSP service grants this role may see (all for the operator), by service and grantee."""
+    with conn.cursor(row_factory=dict_row) as cur:
+        return cur.execute('SELECT service, grantee, granted_by, granted_at FROM radix.csp_services '
+                           'ORDER BY service COLLATE "C", grantee COLLATE "C"').fetchall()

@@ -4,6 +4,12 @@ Atomic (the default): ``BEGIN; begin_attempt(marks the tick done); CALL; end_att
 procedure's effects and the completion marker commit together or not at all (exactly once).
 A procedure that commits inside fails that with 2D000; it is then run non-atomically (autocommit CALL,
 at-least-once) and the job is flagged ``non_atomic`` so later ticks go straight to that mode.
+The CALL is sent inside a DO block (definitions.build_call): OUT/INOUT results never reach the daemon.
+
+The connection is the principal's, with the principal's search_path and settings: every statement sent
+here besides the CALL names its functions with their schema and casts its parameters, so nothing the
+principal defines is chosen; the watchdog (deadline + grace, then termination from the scheduler's own
+connection) bounds all of it.
 """
 
 from __future__ import annotations
@@ -22,8 +28,13 @@ from radixjobs.engine.definitions import JobDefinition
 
 NON_ATOMIC_SQLSTATE = "2D000"
 
-BEGIN_ATOMIC = "SELECT set_config('statement_timeout', %s, true), radix.begin_attempt(%s, %s)"
-END_ATOMIC = "SELECT radix.end_attempt(%s, %s, %s, true)"
+BEGIN_FRAME = ("SELECT pg_catalog.set_config('statement_timeout', %s::pg_catalog.text, {local}), "
+               "radix.begin_attempt(%s::pg_catalog.uuid, %s::pg_catalog.uuid)")
+END_FRAME = "SELECT radix.end_attempt(%s::pg_catalog.uuid, %s::pg_catalog.uuid, %s::pg_catalog.int8, {atomic})"
+BEGIN_ATOMIC = BEGIN_FRAME.format(local="true")
+END_ATOMIC = END_FRAME.format(atomic="true")
+BEGIN_NON_ATOMIC = BEGIN_FRAME.format(local="false")
+END_NON_ATOMIC = END_FRAME.format(atomic="false")
 
 
 @dataclass(frozen=True)
@@ -154,7 +165,7 @@ class AttemptRunner:
         try:
             async with conn.pipeline(), conn.transaction():
                 await conn.execute(BEGIN_ATOMIC, (str(job.deadline_ms), claim.job_id, claim.lease_token))
-                await conn.execute(job.call, job.values)
+                await conn.execute(job.call)
                 await conn.execute(END_ATOMIC, (claim.job_id, claim.lease_token, next_planned_ns))
         except psycopg.Error as exc:
             return self._failure(exc, atomic=True, in_doubt=True)
@@ -164,11 +175,9 @@ class AttemptRunner:
                           next_planned_ns: int | None) -> Outcome:
         assert job.call is not None
         try:
-            await conn.execute("SELECT set_config('statement_timeout', %s, false), radix.begin_attempt(%s, %s)",
-                               (str(job.deadline_ms), claim.job_id, claim.lease_token))
-            await conn.execute(job.call, job.values)
-            await conn.execute("SELECT radix.end_attempt(%s, %s, %s, false)",
-                               (claim.job_id, claim.lease_token, next_planned_ns))
+            await conn.execute(BEGIN_NON_ATOMIC, (str(job.deadline_ms), claim.job_id, claim.lease_token))
+            await conn.execute(job.call)
+            await conn.execute(END_NON_ATOMIC, (claim.job_id, claim.lease_token, next_planned_ns))
         except psycopg.Error as exc:
             return self._failure(exc, atomic=False, in_doubt=False)
         return Outcome(succeeded=True, atomic=False, finalised=False)

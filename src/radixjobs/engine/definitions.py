@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import secrets
 import uuid
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -12,6 +13,9 @@ from psycopg import sql
 
 from radixjobs import schedule
 from radixjobs.model import AtSchedule, CronSchedule, EverySchedule, Schedule
+
+# What a cached definition costs beyond its texts (the objects, the schedule, the cache's own entry).
+DEFINITION_OVERHEAD_BYTES = 1024
 
 LOAD_DEFINITIONS = """
 SELECT j.job_id, j.definition_version, j.schema_name, j.job_name, j.principal_name, j.procedure_signature,
@@ -24,8 +28,9 @@ LEFT JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
 WHERE j.job_id = ANY(%s)
 """
 
-# The claim, and in the same round trip the definition of each claimed job (built only when the cache
-# lacks that version; arguments come as text, parsed only then). ROWS on radix.claim_due keeps this a
+# The claim (node, how many, with cron ticks, the per-principal cap: see radix.claim_due), and in the same
+# round trip the definition of each claimed job (built only when the cache lacks that version; arguments
+# come as text, parsed only then). ROWS on radix.claim_due keeps this a
 # nested loop over the jobs' primary key however many jobs there are.
 CLAIM = """
 SELECT c.job_id, c.definition_version, c.lease_token, c.planned_ns, c.attempt, c.idempotency_key, c.resumed,
@@ -33,7 +38,7 @@ SELECT c.job_id, c.definition_version, c.lease_token, c.planned_ns, c.attempt, c
        j.definition_version, j.schema_name, j.job_name, j.principal_name, j.procedure_signature,
        n.nspname, p.proname, j.arguments::text, j.deadline_ms, j.non_atomic, j.schedule_kind, j.interval_ns,
        j.starting_at_ns, j.at_ns, j.cron_expression, j.cron_time_zone
-FROM radix.claim_due(%s, %s, %s) c
+FROM radix.claim_due(%s::pg_catalog.text, %s::pg_catalog.int4, %s::pg_catalog.bool, %s::pg_catalog.int4) c
 JOIN radix.jobs j ON j.job_id = c.job_id
 LEFT JOIN pg_catalog.pg_proc p ON p.oid = j.procedure_oid
 LEFT JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
@@ -54,8 +59,7 @@ class JobDefinition:
     name: str
     principal: str
     signature: str
-    call: bytes | None  # the CALL, rendered once (psycopg then reuses its parse); None: procedure gone
-    values: tuple[str | None, ...]
+    call: bytes | None  # the DO block with the CALL, rendered once (see build_call); None: procedure gone
     deadline_ms: int
     non_atomic: bool
     schedule: Schedule
@@ -66,6 +70,12 @@ class JobDefinition:
             return None
         return schedule.next_planned_after(self.schedule, anchor_ns, planned_ns)
 
+    @property
+    def size_bytes(self) -> int:
+        """An estimate of the memory this definition holds: its texts plus a fixed overhead."""
+        texts = (self.name, self.principal, self.signature)
+        return DEFINITION_OVERHEAD_BYTES + len(self.call or b"") + sum(len(t) for t in texts)
+
 
 def schedule_of(row: dict[str, Any]) -> Schedule:
     if row["schedule_kind"] == "every":
@@ -75,52 +85,80 @@ def schedule_of(row: dict[str, Any]) -> Schedule:
     return CronSchedule(str(row["cron_expression"]), str(row["cron_time_zone"]))
 
 
-def build_call(procedure_schema: str, procedure_name: str,
-               arguments: list[dict[str, Any]]) -> tuple[sql.Composed, tuple[str | None, ...]]:
-    """``CALL schema.proc($1::type, name => $2::type, …)`` with every value bound, never pasted.
+def dollar_quoted(text: str, prefix: str) -> LiteralString:
+    """``text`` as a dollar-quoted string constant whose tag does not occur in it.
 
-    Types are the catalog's own ``format_type`` output stored at admission (already quoted), so the
-    CALL hits exactly the admitted overload or fails; positional arguments come first, as given.
+    The lexer ends the constant at the first occurrence of its tag, so the tag is checked against the
+    text followed by the closing tag (a text ending in ``$radix`` must not complete it early). Dollar
+    quoting means the same whatever the session's standard_conforming_strings or backslash_quote. The
+    result is one complete string constant, safe to compose into SQL (hence LiteralString).
+    """
+    while True:
+        tag = f"${prefix}_{secrets.token_hex(8)}$"
+        if (text + tag).find(tag) == len(text):
+            return tag + text + tag
+
+
+def build_call(procedure_schema: str, procedure_name: str, arguments: list[dict[str, Any]]) -> sql.SQL:
+    """A ``DO`` block that CALLs ``schema.proc(…)`` with each argument in a variable of its stored type.
+
+    A CALL with OUT/INOUT parameters returns a row, and libpq reads a row whole into the client's memory
+    (a procedure may return 1 GB in it); PL/pgSQL keeps it on the server, in the block's variables. A
+    top-level DO is non-atomic, so a procedure may still COMMIT when the attempt runs non-atomically.
+    Values are dollar-quoted constants (a DO block takes no parameters) cast to the stored type, so the
+    type's input function reads them, as ``$1::type`` with an untyped parameter did; types are the
+    catalog's own ``format_type`` output stored at admission (already quoted), so the CALL hits exactly
+    the admitted overload or fails; positional arguments come first, as given.
     """
     ordered = sorted(arguments, key=lambda a: (bool(a.get("by_name")), int(a["position"])))
+    declarations: list[sql.Composable] = []
     parts: list[sql.Composable] = []
-    for arg in ordered:
-        cast_to = sql.SQL(cast(LiteralString, arg["type"]))
-        value = sql.SQL("{}::{}").format(sql.Placeholder(), cast_to)
-        if arg.get("by_name"):
-            value = sql.SQL("{} => {}").format(sql.Identifier(arg["name"]), value)
-        parts.append(value)
-    call = sql.SQL("CALL {}.{}({})").format(
-        sql.Identifier(procedure_schema), sql.Identifier(procedure_name), sql.SQL(", ").join(parts))
-    return call, tuple(None if a.get("value") is None else str(a["value"]) for a in ordered)
+    for number, arg in enumerate(ordered, 1):
+        variable = sql.Identifier(f"radix_argument_{number}")
+        type_name = sql.SQL(cast(LiteralString, arg["type"]))
+        value = sql.SQL("NULL") if arg.get("value") is None else sql.SQL(
+            dollar_quoted(str(arg["value"]), "radix_value"))
+        declarations.append(sql.SQL("{} {} := CAST({} AS {});").format(variable, type_name, value, type_name))
+        parts.append(sql.SQL("{} => {}").format(sql.Identifier(arg["name"]), variable) if arg.get("by_name")
+                     else variable)
+    block = sql.SQL("DECLARE {} BEGIN CALL {}.{}({}); END").format(
+        sql.SQL(" ").join(declarations), sql.Identifier(procedure_schema), sql.Identifier(procedure_name),
+        sql.SQL(", ").join(parts))
+    return sql.SQL("DO " + dollar_quoted(block.as_string(None), "radix_do"))  # one SQL: no tuple to unpack
 
 
 def definition_from_row(row: dict[str, Any]) -> JobDefinition:
     call: bytes | None = None
-    values: tuple[str | None, ...] = ()
     if row["procedure_name"] is not None:
         arguments = row["arguments"]
         if isinstance(arguments, str):
             arguments = json.loads(arguments)
-        composed, values = build_call(row["procedure_schema"], row["procedure_name"], arguments)
-        call = composed.as_bytes(None)  # identifiers quoted by psycopg; values stay bound parameters
+        call = build_call(row["procedure_schema"], row["procedure_name"], arguments).as_bytes(None)
     return JobDefinition(
         job_id=row["job_id"], definition_version=int(row["definition_version"]),
         name=f"{row['schema_name']}.{row['job_name']}", principal=row["principal_name"],
-        signature=row["procedure_signature"], call=call, values=values,
+        signature=row["procedure_signature"], call=call,
         deadline_ms=int(row["deadline_ms"]), non_atomic=bool(row["non_atomic"]), schedule=schedule_of(row))
 
 
 class DefinitionCache:
-    """Definitions by (job, version); beyond ``size`` entries the least recently used is dropped, so memory
-    stays bounded however many jobs a node runs."""
+    """Definitions by (job, version), least recently used dropped first beyond ``size`` entries or beyond
+    ``max_bytes`` of their estimated size (JobDefinition.size_bytes), so memory stays bounded however many
+    jobs a node runs and however large their arguments (at most radix.max_argument_bytes() each). A
+    definition larger than ``max_bytes`` alone is not kept (nor does it push others out); the attempt
+    holding it still runs."""
 
-    def __init__(self, size: int):
+    def __init__(self, size: int, max_bytes: int):
         self.size = size
+        self.max_bytes = max_bytes
+        self.total_bytes = 0
         self._entries: OrderedDict[tuple[uuid.UUID, int], JobDefinition] = OrderedDict()
 
     def __contains__(self, key: tuple[uuid.UUID, int]) -> bool:
         return key in self._entries
+
+    def __len__(self) -> int:
+        return len(self._entries)
 
     def get(self, key: tuple[uuid.UUID, int]) -> JobDefinition | None:
         job = self._entries.get(key)
@@ -129,10 +167,17 @@ class DefinitionCache:
         return job
 
     def put(self, job: JobDefinition) -> None:
-        self._entries[(job.job_id, job.definition_version)] = job
-        self._entries.move_to_end((job.job_id, job.definition_version))
-        while len(self._entries) > self.size:
-            self._entries.popitem(last=False)
+        key = (job.job_id, job.definition_version)
+        previous = self._entries.pop(key, None)
+        if previous is not None:
+            self.total_bytes -= previous.size_bytes
+        if job.size_bytes > self.max_bytes:
+            return
+        self._entries[key] = job
+        self.total_bytes += job.size_bytes
+        while self._entries and (len(self._entries) > self.size or self.total_bytes > self.max_bytes):
+            _, dropped = self._entries.popitem(last=False)
+            self.total_bytes -= dropped.size_bytes
 
     def remember_claimed(self, claim_row: tuple[Any, ...]) -> None:
         """Cache the definition that came with a claim row (see CLAIM), unless cached or of another version."""

@@ -10,7 +10,7 @@ from typing import Any
 
 import psycopg
 
-from radixjobs.db import abound_lock_waits
+from radixjobs.db import abound_lock_waits, scheduler_dsn
 from radixjobs.errors import ConfigError
 
 log = logging.getLogger("radixjobs.engine")
@@ -33,7 +33,7 @@ REGISTER_TIMEOUT_S = 5.0
 
 async def register_node(dsn: str, node_id: str) -> psycopg.AsyncConnection[Any]:
     """Open the node's control session and register it; ConfigError when the node is alive elsewhere."""
-    control = await psycopg.AsyncConnection.connect(dsn, autocommit=True)
+    control = await psycopg.AsyncConnection.connect(scheduler_dsn(dsn), autocommit=True)
     await abound_lock_waits(control)
     deadline = asyncio.get_running_loop().time() + REGISTER_TIMEOUT_S
     try:

@@ -6,19 +6,34 @@ SESSION AUTHORIZATION can be undone by the code they would contain (research: po
 This is a deliberately small idle list rather than psycopg_pool: a login that fails (role dropped,
 NOLOGIN, CONNECT revoked) must fail the attempt at once with PostgreSQL's reason, where a pool would
 retry in the background and time out without it.
+
+Invariants, against a principal who sets ``search_path`` (``ALTER ROLE self SET search_path = mine,
+pg_catalog``) and defines ``mine.pg_advisory_unlock_all()``, ``mine.=`` or ``mine.set_config()``:
+- every statement radixjobs sends on a principal's connection names its functions and operators with
+  their schema (``pg_catalog.…``, ``OPERATOR(pg_catalog.=)``), so the principal's search_path and session
+  defaults choose nothing in it;
+- the clean is bounded (``CLEAN_TIMEOUT_S``, and a statement_timeout inside it): past that the connection
+  is closed, never reused, and the backend ends within client_connection_check_interval;
+- logins are bounded by ``connect_timeout``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import secrets
 from collections.abc import AsyncIterator
 from typing import Any
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-# A backend whose client vanished (daemon killed) notices within a second and aborts the attempt.
+# A backend whose client vanished (daemon killed, or a clean timed out) notices within a second and ends.
 PRINCIPAL_OPTIONS = "-c client_connection_check_interval=1000"
+CONNECT_TIMEOUT_S = 10
+# A clean does no user code; it is slow only when something holds it up (a lock on the session's temp
+# objects taken from another session of the principal): then the connection is dropped, not waited for.
+CLEAN_TIMEOUT_S = 5.0
 
 Conn = psycopg.AsyncConnection[Any]
 
@@ -30,6 +45,7 @@ def principal_dsn(dsn: str, principal: str) -> str:
     params["user"] = principal
     params["options"] = PRINCIPAL_OPTIONS
     params["application_name"] = "radixjobs-attempt"
+    params["connect_timeout"] = str(CONNECT_TIMEOUT_S)
     return make_conninfo(**params)  # type: ignore[arg-type]
 
 
@@ -37,20 +53,44 @@ def principal_dsn(dsn: str, principal: str) -> str:
 # no session state a job could see, but it invalidates every cached plan of the session, so each next
 # attempt re-planned all statements of radix.begin_attempt / end_attempt (~1 ms; docs/benchmarks.md).
 # Sent as one simple query (one implicit transaction: a failure anywhere leaves the connection unused).
-CLEAN = (b"CLOSE ALL; SET SESSION AUTHORIZATION DEFAULT; RESET ALL; DEALLOCATE ALL; UNLISTEN *; "
-         b"SELECT pg_advisory_unlock_all(); DISCARD TEMP; DISCARD SEQUENCES; "
-         b"SELECT current_user = session_user")
+# Every name is qualified: RESET ALL restores the principal's own search_path before the rest runs. The
+# SET LOCALs bound each following statement on the server, whatever the principal's own settings. The
+# PRNG is reseeded from the OS, so a job's setseed() does not decide the next job's random(); the seed
+# is a quoted literal, as a negative number would call the principal's prefix operator "-".
+_CLEAN = ("CLOSE ALL; SET SESSION AUTHORIZATION DEFAULT; RESET ALL; "
+          "SET LOCAL statement_timeout = {ms}; SET LOCAL lock_timeout = {ms}; "
+          "DEALLOCATE ALL; UNLISTEN *; SELECT pg_catalog.pg_advisory_unlock_all(); DISCARD TEMP; "
+          "DISCARD SEQUENCES; SELECT pg_catalog.setseed('{seed!r}'::pg_catalog.float8); "
+          "SELECT CURRENT_USER OPERATOR(pg_catalog.=) SESSION_USER")
 
 
-async def clean(conn: Conn) -> bool:
-    """Reset a returned connection; False when it cannot be reused (broken, or identity changed).
+def clean_statement() -> bytes:
+    """The clean, with a fresh seed for the session's PRNG."""
+    seed = secrets.randbits(53) / float(1 << 53) * 2 - 1
+    return _CLEAN.format(ms=int(CLEAN_TIMEOUT_S * 1000), seed=seed).encode()
+
+
+async def clean(conn: Conn, timeout_s: float = CLEAN_TIMEOUT_S) -> bool:
+    """Reset a returned connection; False when it cannot be reused (broken, identity changed, or the
+    clean did not finish within ``timeout_s``).
 
     DEALLOCATE ALL drops prepared statements, so principal connections never auto-prepare.
     """
     if conn.closed or conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
         return False
+    reset = asyncio.create_task(_reset(conn))
+    done, _ = await asyncio.wait({reset}, timeout=timeout_s)
+    if not done:
+        # close the socket rather than cancel the query (psycopg would wait for the server to agree)
+        conn.pgconn.finish()
+        await asyncio.gather(reset, return_exceptions=True)
+        return False
+    return reset.result()
+
+
+async def _reset(conn: Conn) -> bool:
     try:
-        cur = await conn.execute(CLEAN, prepare=False)
+        cur = await conn.execute(clean_statement(), prepare=False)
         while cur.nextset():  # to the identity check's result, the last one
             pass
         row = await cur.fetchone()

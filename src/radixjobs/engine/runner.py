@@ -26,7 +26,7 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
 from radixjobs import retry
-from radixjobs.db import abound_lock_waits, first_line
+from radixjobs.db import abound_lock_waits, first_line, scheduler_dsn
 from radixjobs.engine.attempt import AttemptRunner, Claim, Outcome
 from radixjobs.engine.definitions import (
     CLAIM,
@@ -40,14 +40,17 @@ from radixjobs.engine.nodes import register_node
 from radixjobs.engine.planning import CRON_DUE, plan_cron
 from radixjobs.engine.principals import PrincipalPools
 from radixjobs.engine.slots import Slots
+from radixjobs.fairness import principal_cap
 
 log = logging.getLogger("radixjobs.engine")
 
 CLAIM_BATCH = 64
-MAX_DEFINITIONS = 10_000  # cached job definitions (least recently used dropped first)
+MAX_DEFINITIONS = 10_000  # cached job definitions (least recently used dropped first) …
+MAX_DEFINITION_BYTES = 16 * 1024 * 1024  # … and at most this much of them (JobDefinition.size_bytes)
 
-NEXT_DUE_IN = ("(SELECT (min(due_ns) - radix.to_ns(clock_timestamp())) / 1e9 FROM radix.radix_system_job_state "
-               "WHERE status IN ('scheduled', 'running', 'retry_wait'))")
+# Seconds until the next tick this engine's claim could take: a principal at its cap has nothing due
+# until one of its attempts ends (radix.next_due_in).
+NEXT_DUE_IN = "radix.next_due_in(%s::pg_catalog.int4)"
 # After a claim, in its round trip: seconds until the next due tick, and whether cron ticks await planning.
 AFTER_CLAIM = "SELECT " + NEXT_DUE_IN + ", " + CRON_DUE
 NEXT_DUE = "SELECT " + NEXT_DUE_IN
@@ -70,16 +73,17 @@ class Engine:
 
     def __init__(self, dsn: str, *, node_id: str | None = None, concurrency: int = 8,
                  grace_s: float = 5.0, pause: Pause | None = None, shared_slots: Slots | None = None,
-                 finished: asyncio.Event | None = None):
-        self.dsn = dsn
+                 finished: asyncio.Event | None = None, max_per_principal: int | None = None):
+        self.dsn = scheduler_dsn(dsn)
         self.node_id = node_id or default_node_id()
         self.concurrency = concurrency
+        self.max_per_principal = principal_cap(concurrency, max_per_principal)
         self.counters: Counter[str] = Counter(dict.fromkeys(COUNTER_KEYS, 0))
         self.last_error: dict[str, Any] | None = None
-        self._definitions = DefinitionCache(MAX_DEFINITIONS)
+        self._definitions = DefinitionCache(MAX_DEFINITIONS, MAX_DEFINITION_BYTES)
         self._due: tuple[float, float] | None = None  # (seconds until due, monotonic time measured)
         self.claim_filled = False  # the last dispatch claimed all it asked for: more may be due at once
-        self._pool = AsyncConnectionPool(dsn, min_size=1, max_size=4, open=False,
+        self._pool = AsyncConnectionPool(self.dsn, min_size=1, max_size=4, open=False,
                                          kwargs={"autocommit": True}, name="radix-scheduler",
                                          configure=abound_lock_waits)
         self._control: psycopg.AsyncConnection[Any] | None = None
@@ -139,15 +143,15 @@ class Engine:
         them alone; they are planned (missed ones coalesced), then claimed. A cron tick never runs stale."""
         async with self._pool.connection() as conn:
             async with conn.pipeline():
-                claim_cur = await conn.execute(CLAIM, (self.node_id, limit, False))
-                after_cur = await conn.execute(AFTER_CLAIM)
+                claim_cur = await conn.execute(CLAIM, (self.node_id, limit, False, self.max_per_principal))
+                after_cur = await conn.execute(AFTER_CLAIM, (self.max_per_principal,))
             rows = await claim_cur.fetchall()
             after = await after_cur.fetchone()
             if after and after[1] and len(rows) < limit:
                 self.counters["coalesced_ticks"] += await plan_cron(conn)
-                cur = await conn.execute(CLAIM, (self.node_id, limit - len(rows), True))
+                cur = await conn.execute(CLAIM, (self.node_id, limit - len(rows), True, self.max_per_principal))
                 rows += await cur.fetchall()
-                after_cur = await conn.execute(NEXT_DUE)
+                after_cur = await conn.execute(NEXT_DUE, (self.max_per_principal,))
                 after = await after_cur.fetchone()
             self._note_due(after)
         claims = []
@@ -164,7 +168,7 @@ class Engine:
     async def next_due_in(self) -> float | None:
         """Seconds until the earliest due tick (0 when one is due now), or None when nothing is planned."""
         async with self._pool.connection() as conn:
-            cur = await conn.execute(NEXT_DUE)
+            cur = await conn.execute(NEXT_DUE, (self.max_per_principal,))
             self._note_due(await cur.fetchone())
         return self.due_in()
 
@@ -346,4 +350,4 @@ class Engine:
         """End a principal backend from the scheduler's own connection (deadline + grace passed)."""
         self.counters["terminations"] += 1
         async with self._pool.connection() as conn:
-            await conn.execute("SELECT pg_terminate_backend(%s)", (pid,))
+            await conn.execute("SELECT pg_catalog.pg_terminate_backend(%s::pg_catalog.int4)", (pid,))

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import re
 import signal
 import socket
 import time
@@ -15,7 +16,8 @@ from typing import Any
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from radixjobs import migrate
+from radixjobs import migrate, retry
+from radixjobs.db import scheduler_dsn
 from radixjobs.documents.scheduler import COUNTER_KEYS as DOCUMENT_COUNTER_KEYS
 from radixjobs.engine.runner import COUNTER_KEYS
 from radixjobs.engine.slots import Slots
@@ -23,6 +25,7 @@ from radixjobs.server.owner import DatabaseOwner
 
 log = logging.getLogger("radixjobs.server")
 
+DOCUMENT_SQLSTATE = re.compile(r"\[([0-9A-Z]{5})\]")
 LIST_DATABASES = "SELECT datname FROM pg_database WHERE datallowconn AND NOT datistemplate ORDER BY datname"
 
 
@@ -33,6 +36,7 @@ class DaemonConfig:
     node_id: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}")
     concurrency: int = 32
     per_database_concurrency: int = 8
+    max_per_principal: int | None = None  # running attempts per principal and database; None: half the above
     grace_s: float = 30.0
     poll_s: float = 1.0
     discovery_s: float = 5.0
@@ -48,7 +52,8 @@ def dsn_for_database(dsn: str, dbname: str) -> str:
 async def is_ready(dsn: str) -> bool:
     """Is radixjobs installed there at exactly this code's schema version?"""
     try:
-        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True, connect_timeout=5) as conn:
+        async with await psycopg.AsyncConnection.connect(scheduler_dsn(dsn), autocommit=True,
+                                                         connect_timeout=5) as conn:
             cur = await conn.execute("SELECT to_regclass('radix.schema_migrations') IS NOT NULL")
             row = await cur.fetchone()
             if not (row and row[0]):
@@ -60,10 +65,22 @@ async def is_ready(dsn: str) -> bool:
     return bool(row and row[0] == migrate.code_version())
 
 
+def public_error(source: str, record: dict[str, Any]) -> dict[str, str]:
+    """What /status says about a failure: where (job or document), its category and its kind (a
+    SQLSTATE condition name or one of ours), all from fixed vocabularies."""
+    if "category" in record and "kind" in record:  # an attempt failure: classified already
+        cause = retry.Cause(str(record["kind"]), retry.Category(record["category"]), False)
+    else:  # a document run's one-line text: "[SQLSTATE] …" when PostgreSQL raised it
+        match = DOCUMENT_SQLSTATE.search(str(record.get("error", "")))
+        cause = retry.classify(match[1] if match else None)
+    return {"source": source, "category": str(cause.category), "kind": cause.kind}
+
+
 class Daemon:
     """The scheduler daemon of one node."""
 
     def __init__(self, config: DaemonConfig):
+        config.dsn = scheduler_dsn(config.dsn)
         self.config = config
         self.slots = Slots(config.concurrency)
         self.owners: dict[str, tuple[DatabaseOwner, asyncio.Task[None]]] = {}
@@ -103,7 +120,8 @@ class Daemon:
         dsn = dsn_for_database(self.config.dsn, name) if self.config.all_databases else self.config.dsn
         owner = DatabaseOwner(name, dsn, node_id=self.config.node_id, slots=self.slots,
                               concurrency=self.config.per_database_concurrency, poll_s=self.config.poll_s,
-                              grace_s=self.config.grace_s, services=self.config.services)
+                              grace_s=self.config.grace_s, services=self.config.services,
+                              max_per_principal=self.config.max_per_principal)
         self.owners[name] = (owner, asyncio.create_task(owner.run(), name=f"owner:{name}"))
         log.info("serving database db=%s node=%s", name, self.config.node_id)
 
@@ -151,15 +169,20 @@ class Daemon:
         return total
 
     def status(self) -> dict[str, Any]:
-        """The /status document: a bounded, fixed set of keys whatever the number of jobs and errors."""
+        """The /status document: a bounded, fixed set of keys whatever the number of jobs and errors.
+
+        Anyone who can reach the port reads it, without logging in to PostgreSQL: it carries categories
+        and counts only, never an error text, a job or document name, or an argument (those stay in the
+        history, where PostgreSQL's row visibility decides who reads them)."""
         databases = []
         last_error = None
         for name, (owner, _) in sorted(self.owners.items()):
             databases.append({"name": name, "connected": owner.connected, "running_attempts": owner.running,
                               "reconnects": owner.reconnects})
-            for source in (owner.engine, owner.documents):
-                if source is not None and source.last_error is not None:
-                    last_error = source.last_error
+            if owner.engine is not None and owner.engine.last_error is not None:
+                last_error = public_error("job", owner.engine.last_error)
+            if owner.documents is not None and owner.documents.last_error is not None:
+                last_error = public_error("document", owner.documents.last_error)
         return {
             "node": self.config.node_id,
             "uptime_s": round(time.monotonic() - self.started_at, 3),

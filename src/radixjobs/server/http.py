@@ -19,11 +19,21 @@ from starlette.routing import Route
 from radixjobs.documents.scheduler import COUNTER_KEYS as DOCUMENT_COUNTER_KEYS
 from radixjobs.output import jsonable
 from radixjobs.retry import Category
+from radixjobs.server.connections import (
+    DEFAULT_REQUEST_TIMEOUT_S,
+    MAX_HEADER_BYTES,
+    HttpLimits,
+    default_max_connections,
+    protocol_class,
+    raise_nofile_limit,
+    scheduler_reserve,
+)
 from radixjobs.server.daemon import Daemon
 
 log = logging.getLogger("radixjobs.server")
 
 DEFAULT_HTTP = "127.0.0.1:7317"
+BACKLOG = 64  # asyncio accepts up to the backlog at once: a burst holds at most that many descriptors briefly
 PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
@@ -93,10 +103,25 @@ def parse_http(value: str) -> tuple[str, int] | None:
     return host.strip("[]"), int(port)
 
 
-async def start_http(daemon: Daemon, host: str, port: int) -> tuple[uvicorn.Server, asyncio.Task[None], int]:
+def http_limits(daemon: Daemon, max_connections: int | None = None,
+                request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S) -> HttpLimits:
+    """The status endpoint's bounds: by default a connection cap computed from the descriptor limit
+    (raised to the hard limit first) less what the scheduler's own connections need."""
+    soft = raise_nofile_limit()
+    reserve = scheduler_reserve(daemon.config.concurrency)
+    cap = max_connections if max_connections is not None else default_max_connections(soft, reserve)
+    return HttpLimits(max_connections=cap, request_timeout_s=request_timeout_s, reserve=reserve, soft_limit=soft)
+
+
+async def start_http(daemon: Daemon, host: str, port: int, limits: HttpLimits | None = None,
+                     ) -> tuple[uvicorn.Server, asyncio.Task[None], int]:
     """Serve the status endpoints in this event loop; returns the server, its task and the bound port."""
+    limits = limits or http_limits(daemon)
+    keep_alive = max(1, min(5, int(limits.request_timeout_s)))
     config = uvicorn.Config(make_app(daemon), host=host, port=port, log_level="warning", lifespan="off",
-                            access_log=False)
+                            access_log=False, http=protocol_class(limits), ws="none",
+                            h11_max_incomplete_event_size=MAX_HEADER_BYTES, timeout_keep_alive=keep_alive,
+                            backlog=min(limits.max_connections, BACKLOG), server_header=False)
     server = uvicorn.Server(config)
     # the daemon owns SIGINT/SIGTERM (clean shutdown of attempts first); uvicorn must not take them
     server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign,assignment]

@@ -12,6 +12,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from radixjobs.db import scheduler_dsn
 from radixjobs.documents.scheduler import DocumentScheduler
 from radixjobs.engine import Engine
 from radixjobs.engine.slots import Slots
@@ -26,7 +27,8 @@ class DatabaseOwner:
     """Runs a database's due work until stopped; notifications are hints, the timer and poll are truth."""
 
     def __init__(self, name: str, dsn: str, *, node_id: str, slots: Slots, concurrency: int,
-                 poll_s: float = 1.0, grace_s: float = 5.0, services: Mapping[str, str] | None = None):
+                 poll_s: float = 1.0, grace_s: float = 5.0, services: Mapping[str, str] | None = None,
+                 max_per_principal: int | None = None):
         self.name = name
         self.dsn = dsn
         self.node_id = node_id
@@ -34,6 +36,7 @@ class DatabaseOwner:
         self.concurrency = concurrency
         self.poll_s = poll_s
         self.grace_s = grace_s
+        self.max_per_principal = max_per_principal
         self.engine: Engine | None = None
         self.documents: DocumentScheduler | None = None
         self.services = dict(services or {})
@@ -65,15 +68,15 @@ class DatabaseOwner:
 
     async def _serve(self) -> None:
         engine = Engine(self.dsn, node_id=self.node_id, concurrency=self.concurrency, grace_s=5.0,
-                        shared_slots=self.slots, finished=self.wake)
+                        shared_slots=self.slots, finished=self.wake, max_per_principal=self.max_per_principal)
         await engine.start()
         self.engine = engine
         documents = DocumentScheduler(self.dsn, node_id=f"{self.node_id}:docs", services=self.services,
-                                      concurrency=self.concurrency)
+                                      concurrency=self.concurrency, max_per_principal=self.max_per_principal)
         self.documents = documents
         await documents.start()
         documents_task = asyncio.create_task(documents.serve(self._documents_stop), name=f"documents:{self.name}")
-        listener = await psycopg.AsyncConnection.connect(self.dsn, autocommit=True)
+        listener = await psycopg.AsyncConnection.connect(scheduler_dsn(self.dsn), autocommit=True)
         try:
             for channel in CHANNELS:
                 await listener.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))

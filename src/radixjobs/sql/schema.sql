@@ -1945,8 +1945,835 @@ GRANT EXECUTE ON FUNCTION radix.document_problems(jsonb), radix.document_num(jso
     TO PUBLIC;
 GRANT SELECT ON radix.document_overview, radix.document_processes TO PUBLIC;
 
--- ===== 0005_locks_notify.sql =====
--- 0005: nothing radixjobs waits on can be held by an ordinary role, and a full notification queue
+-- ===== 0005_owners_services.sql =====
+-- 0005: who may use which CSP service, and ownership as PostgreSQL has it (issue #11, items 3 and 11).
+--
+-- CSP services. The daemon registers the code (`--service NAME=module:function`, entry points); the
+-- database says who may use a name: radix.service_grants, written only by radix.grant_service /
+-- radix.revoke_service (the radix schema owner, superusers, and whoever they grant EXECUTE to). A document
+-- may name CSP_SERVICE only when its writer is a superuser or its RUN_AS principal has the privileges
+-- (pg_has_role USAGE) of a role the service is granted to (grantee 0: PUBLIC). Checked at apply
+-- (radix._doc_access_problems) and again at every start (radix._doc_refusal, read by radix.doc_start
+-- before any service code runs). A refusal says the same for an unknown and an ungranted name and never
+-- lists services.
+--
+-- Ownership. A role acts as the owner of a job or document when it has the owner's privileges
+-- (pg_has_role USAGE: the owner itself, or membership with INHERIT), PostgreSQL's rule for owning
+-- objects; bare membership (INHERIT FALSE, SET FALSE) no longer counts. RUN AS keeps the SET rule
+-- (radix.may_act_as). A refusal for a taken document NUM never names the owner.
+
+CREATE TABLE radix.service_grants (
+    service    text NOT NULL CHECK (btrim(service) <> '' AND length(service) <= 200),
+    grantee    oid NOT NULL,                 -- 0: PUBLIC
+    granted_by oid NOT NULL,
+    granted_at timestamptz NOT NULL DEFAULT clock_timestamp(),
+    PRIMARY KEY (service, grantee)
+);
+REVOKE ALL ON radix.service_grants FROM PUBLIC;
+
+-- May a document written by `writer` that runs as `principal` use `service`? Roles that no longer
+-- exist count as nothing.
+CREATE FUNCTION radix._service_usable(service text, writer oid, principal oid) RETURNS boolean
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+RETURN coalesce((SELECT rolsuper FROM pg_roles WHERE oid = writer), false)
+    OR (EXISTS (SELECT 1 FROM pg_roles WHERE oid = principal)
+        AND EXISTS (SELECT 1 FROM radix.service_grants g
+                    WHERE g.service = _service_usable.service
+                      AND CASE WHEN g.grantee = 0 THEN true
+                               WHEN NOT EXISTS (SELECT 1 FROM pg_roles r WHERE r.oid = g.grantee) THEN false
+                               ELSE pg_has_role(principal, g.grantee, 'USAGE') END));
+
+-- A grantee given as a role name, or PUBLIC (0); raises for an unknown role.
+CREATE FUNCTION radix._service_grantee(grantee name) RETURNS oid
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    r oid := (SELECT oid FROM pg_roles WHERE rolname = grantee);
+BEGIN
+    IF r IS NOT NULL THEN
+        RETURN r;
+    ELSIF lower(grantee) = 'public' THEN
+        RETURN 0;
+    END IF;
+    RAISE EXCEPTION 'role % does not exist', quote_ident(grantee) USING ERRCODE = '42704';
+END $$;
+
+-- Grants to roles that were dropped count as nothing; the operator's verbs delete them too (an OID can be
+-- reused by a later role).
+CREATE FUNCTION radix._forget_dropped_grantees() RETURNS void
+LANGUAGE sql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    DELETE FROM radix.service_grants g
+    WHERE g.grantee <> 0 AND NOT EXISTS (SELECT 1 FROM pg_roles r WHERE r.oid = g.grantee)
+$$;
+
+-- The operator's verbs. true: the grant was added (grant) or removed (revoke); false: nothing changed.
+CREATE FUNCTION radix.grant_service(service text, grantee name) RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    added integer;
+BEGIN
+    IF grant_service.service IS NULL OR btrim(grant_service.service) = ''
+       OR length(grant_service.service) > 200 THEN
+        RAISE EXCEPTION 'a CSP service name must be a non-empty string of at most 200 characters'
+            USING ERRCODE = '22023';
+    END IF;
+    PERFORM radix._forget_dropped_grantees();
+    INSERT INTO radix.service_grants (service, grantee, granted_by)
+    VALUES (grant_service.service, radix._service_grantee(grant_service.grantee),
+            (SELECT oid FROM pg_roles WHERE rolname = session_user))
+    ON CONFLICT DO NOTHING;
+    GET DIAGNOSTICS added = ROW_COUNT;
+    RETURN added > 0;
+END $$;
+
+CREATE FUNCTION radix.revoke_service(service text, grantee name) RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    removed integer;
+BEGIN
+    PERFORM radix._forget_dropped_grantees();
+    DELETE FROM radix.service_grants g WHERE g.service = revoke_service.service
+        AND g.grantee = radix._service_grantee(revoke_service.grantee);
+    GET DIAGNOSTICS removed = ROW_COUNT;
+    RETURN removed > 0;
+END $$;
+
+-- The grants a role may see: all of them for the operator (a superuser, or a role with the privileges
+-- of the radix schema's owner); for anyone else only the grants it benefits from (PUBLIC, or a role whose
+-- privileges it has), so no role learns the names of services it may not use.
+CREATE FUNCTION radix._service_grant_visible(grantee oid) RETURNS boolean
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+RETURN CASE WHEN (SELECT rolsuper FROM pg_roles WHERE rolname = current_user) THEN true
+            WHEN pg_has_role(current_user, (SELECT nspowner FROM pg_namespace WHERE nspname = 'radix'), 'USAGE')
+                 THEN true
+            WHEN grantee = 0 THEN true
+            WHEN NOT EXISTS (SELECT 1 FROM pg_roles WHERE oid = grantee) THEN false
+            ELSE pg_has_role(current_user, grantee, 'USAGE') END;
+
+CREATE VIEW radix.csp_services WITH (security_barrier) AS
+SELECT g.service, CASE WHEN g.grantee = 0 THEN 'PUBLIC' ELSE pg_get_userbyid(g.grantee) END AS grantee,
+       pg_get_userbyid(g.granted_by) AS granted_by, g.granted_at
+FROM radix.service_grants g
+WHERE radix._service_grant_visible(g.grantee);
+
+-- -- ownership: the privileges of the owner (USAGE) --------------------------------------------------------
+
+CREATE OR REPLACE FUNCTION radix._check_job_owner(j radix.jobs, caller oid) RETURNS void
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF NOT (coalesce((SELECT rolsuper FROM pg_roles WHERE oid = caller), false)
+            OR (EXISTS (SELECT 1 FROM pg_roles WHERE oid = j.owner_oid)
+                AND pg_has_role(caller, j.owner_oid, 'USAGE'))) THEN
+        RAISE EXCEPTION 'must be owner of job %.%', quote_ident(j.schema_name), quote_ident(j.job_name)
+            USING ERRCODE = '42501';
+    END IF;
+END $$;
+
+-- Whether the current role sees a job or document owned by `owner`: it has the owner's privileges, or
+-- it is a superuser.
+CREATE FUNCTION radix._owner_visible(owner oid) RETURNS boolean
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+RETURN CASE WHEN (SELECT rolsuper FROM pg_roles WHERE rolname = current_user) THEN true
+            WHEN NOT EXISTS (SELECT 1 FROM pg_roles WHERE oid = owner) THEN false
+            ELSE pg_has_role(current_user, owner, 'USAGE') END;
+
+-- What a role may see of the catalog: the jobs whose owner's privileges it has; all for superusers.
+CREATE OR REPLACE VIEW radix.job_overview WITH (security_barrier) AS
+SELECT j.job_id, quote_ident(j.schema_name) || '.' || quote_ident(j.job_name) AS name,
+       j.schema_name, j.job_name, j.owner_name AS owner, j.principal_name AS principal,
+       j.procedure_signature AS procedure, j.arguments,
+       CASE j.schedule_kind
+           WHEN 'every' THEN 'EVERY ' || (j.interval_ns / 1000 * interval '1 microsecond')::text
+                || coalesce(' STARTING AT ' || radix.from_ns(j.starting_at_ns)::text, '')
+           WHEN 'at' THEN 'AT ' || radix.from_ns(j.at_ns)::text
+           ELSE 'CRON ' || quote_literal(j.cron_expression) || ' TIME ZONE ' || quote_literal(j.cron_time_zone)
+       END AS schedule,
+       j.schedule_kind, j.interval_ns, j.starting_at_ns, j.at_ns, j.cron_expression, j.cron_time_zone,
+       j.enabled, j.definition_version, j.deadline_ms, j.non_atomic, j.created_at,
+       s.status, s.planned_ns, radix.from_ns(s.planned_ns) AS next_run_at, s.attempt, s.due_ns,
+       s.idempotency_key, s.lease_node, s.lease_expires_at, s.coalesced_ticks, s.last_error
+FROM radix.jobs j LEFT JOIN radix.radix_system_job_state s USING (job_id)
+WHERE radix._owner_visible(j.owner_oid);
+
+CREATE OR REPLACE VIEW radix.job_history WITH (security_barrier) AS
+SELECT h.history_id, h.job_id, quote_ident(j.schema_name) || '.' || quote_ident(j.job_name) AS name,
+       h.definition_version, h.planned_ns, radix.from_ns(h.planned_ns) AS planned_at, h.attempt,
+       h.idempotency_key, h.status, h.node, h.atomic, h.started_at, h.finished_at,
+       h.finished_at - h.started_at AS duration, h.error
+FROM radix.radix_system_job_history h JOIN radix.jobs j USING (job_id)
+WHERE radix._owner_visible(j.owner_oid);
+
+-- What `caller` may not do with a structurally valid document: ownership of an existing document (the
+-- owner's privileges), RUN_AS (exists, may act as it, can log in) and its CSP service (granted).
+-- Returns (problem, is_permission) rows.
+CREATE OR REPLACE FUNCTION radix._doc_access_problems(caller oid, doc jsonb)
+RETURNS TABLE (problem text, permission boolean)
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    run_as text := coalesce(doc->'props'->>'RUN_AS', (SELECT rolname FROM pg_roles WHERE oid = caller));
+    principal pg_roles;
+    service text := doc->'props'->>'CSP_SERVICE';
+    owner oid := (SELECT owner_oid FROM radix.cron_table WHERE num = radix.document_num(doc));
+BEGIN
+    IF owner IS NOT NULL AND NOT coalesce((SELECT rolsuper FROM pg_roles WHERE oid = caller), false)
+       AND NOT (EXISTS (SELECT 1 FROM pg_roles WHERE oid = owner) AND pg_has_role(caller, owner, 'USAGE')) THEN
+        RETURN QUERY SELECT format('permission denied: document NUM %s belongs to another role; only a role '
+                                   'with its owner''s privileges may change it', radix.document_num(doc)), true;
+    END IF;
+    SELECT * INTO principal FROM pg_roles WHERE rolname = run_as;
+    IF NOT FOUND THEN
+        RETURN QUERY SELECT format('RUN_AS role %s does not exist', quote_literal(run_as)), false;
+        RETURN;
+    ELSIF NOT radix.may_act_as(caller, principal.oid) THEN
+        RETURN QUERY SELECT CASE WHEN principal.rolsuper
+            THEN format('permission denied to run as superuser %s: only superusers may', quote_ident(run_as))
+            ELSE format('permission denied to run as role %s: the writer must be able to SET ROLE to it',
+                        quote_ident(run_as)) END, true;
+    ELSIF NOT principal.rolcanlogin THEN
+        RETURN QUERY SELECT format('role %s cannot log in: tasks run on a connection logged in as RUN_AS '
+                                   '(ALTER ROLE %s LOGIN)', quote_ident(run_as), quote_ident(run_as)), false;
+    END IF;
+    IF service IS NOT NULL AND NOT radix._service_usable(service, caller, principal.oid) THEN
+        RETURN QUERY SELECT format('permission denied: CSP service %s is not available to RUN_AS role %s '
+                                   '(the operator grants services: radix.grant_service)',
+                                   quote_literal(service), quote_ident(run_as)), true;
+    END IF;
+END $$;
+
+-- What a role may see: the documents whose owner's privileges it has; all for superusers. The document
+-- views call this, so they follow.
+CREATE OR REPLACE FUNCTION radix._doc_visible(owner oid) RETURNS boolean
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+RETURN radix._owner_visible(owner);
+
+-- Why the task may not run now (NULL: it may): checked at every start (before any code runs) and finish.
+-- The service refusal names nothing: the document's owner knows what it named.
+CREATE OR REPLACE FUNCTION radix._doc_refusal(c radix.cron_table) RETURNS text
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+RETURN (SELECT CASE
+          WHEN r.oid IS NULL THEN 'RUN_AS role no longer exists'
+          WHEN NOT EXISTS (SELECT 1 FROM pg_roles WHERE oid = c.writer_oid)
+               OR NOT radix.may_act_as(c.writer_oid, c.principal_oid)
+               THEN 'permission denied: the document''s writer may no longer act as RUN_AS'
+          WHEN NOT r.rolcanlogin THEN format('role %s cannot log in', quote_ident(r.rolname))
+          WHEN c.props ? 'CSP_SERVICE'
+               AND NOT radix._service_usable(c.props->>'CSP_SERVICE', c.writer_oid, c.principal_oid)
+               THEN '[42501] permission denied: the CSP service is not granted to RUN_AS (redacted)'
+        END
+        FROM (SELECT 1) one LEFT JOIN pg_roles r ON r.oid = c.principal_oid);
+
+REVOKE ALL ON FUNCTION radix._service_usable(text, oid, oid), radix._service_grantee(name),
+    radix._forget_dropped_grantees(),
+    radix.grant_service(text, name), radix.revoke_service(text, name) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION radix._service_grant_visible(oid), radix._owner_visible(oid) TO PUBLIC;
+GRANT SELECT ON radix.csp_services TO PUBLIC;
+COMMENT ON FUNCTION radix.grant_service(text, name) IS
+    'Allow documents whose RUN_AS has the privileges of GRANTEE (a role, or PUBLIC) to name CSP service SERVICE.';
+COMMENT ON FUNCTION radix.revoke_service(text, name) IS
+    'Withdraw a grant made by radix.grant_service; runs already admitted fail at their next start.';
+
+-- ===== 0006_argument_limits.sql =====
+-- 0006: memory bounds on what a tenant can store for the daemon to hold, and canonical argument text
+-- from PostgreSQL's own output functions.
+--
+-- A job's stored arguments are at most radix.max_argument_bytes() bytes of canonical text in total; a
+-- document's props at most radix.max_document_bytes() bytes of JSON text. Both are refused at admission
+-- with one line naming the size and the limit (SQLSTATE 54000), nothing written. The engine runs a CALL
+-- inside a DO block (engine/definitions.py), so a procedure's OUT/INOUT results stay on the server: every
+-- output parameter of a job's procedure must therefore be given an argument (a variable in that block),
+-- and the principal needs USAGE on plpgsql (granted to PUBLIC by default).
+
+-- The limits, as constants: an administrator may CREATE OR REPLACE these (superuser), and admission reads
+-- them at every call. 64 KiB is far above what parameters of a scheduled call need (ids, batch sizes,
+-- dates, small JSON settings: bulk data belongs in tables), and keeps a definition small enough that the
+-- engine caches thousands of them in a few megabytes.
+CREATE FUNCTION radix.max_argument_bytes() RETURNS integer
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN 65536;
+
+CREATE FUNCTION radix.max_document_bytes() RETURNS integer
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN 65536;
+
+COMMENT ON FUNCTION radix.max_argument_bytes() IS
+    'radixjobs: the most bytes of canonical argument text one job may store (all arguments together)';
+COMMENT ON FUNCTION radix.max_document_bytes() IS
+    'radixjobs: the most bytes a CRON_TABLE document''s props may take as JSON text';
+
+-- Raise unless the bound arguments (radix._bind_arguments' "arguments") fit radix.max_argument_bytes().
+CREATE FUNCTION radix._check_argument_size(arguments jsonb) RETURNS void
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    total bigint := (SELECT coalesce(sum(octet_length(a->>'value')), 0)
+                     FROM jsonb_array_elements(arguments) AS x(a));
+BEGIN
+    IF total > radix.max_argument_bytes() THEN
+        RAISE EXCEPTION 'job arguments are % bytes; the limit is %', total, radix.max_argument_bytes()
+            USING ERRCODE = '54000',
+                  HINT = 'Pass a key to data kept in a table instead of the data itself.';
+    END IF;
+END $$;
+
+-- Raise unless every output parameter (OUT, INOUT) of `proc` has an argument in `arguments`: the engine
+-- hands each a variable of its DO block, and PL/pgSQL cannot CALL with an omitted INOUT parameter.
+CREATE FUNCTION radix._check_output_arguments(proc oid, arguments jsonb) RETURNS void
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    missing text := (
+        SELECT string_agg(coalesce(quote_ident(nullif(p.argname, '')), 'parameter ' || p.ord), ', ' ORDER BY p.ord)
+        FROM radix._procedure_parameters(proc) p
+        WHERE p.mode IN ('o', 'b')
+          AND p.ord NOT IN (SELECT (a->>'position')::integer FROM jsonb_array_elements(arguments) AS x(a)));
+BEGIN
+    IF missing IS NOT NULL THEN
+        RAISE EXCEPTION 'a job must pass an argument for each INOUT parameter of %: % has none', proc::regprocedure,
+            missing USING ERRCODE = '0A000',
+            HINT = 'Write the default out, e.g. name => NULL; the job discards what the procedure returns.';
+    END IF;
+END $$;
+
+-- A value's text in one fixed format, whatever the session prints with: ISO dates, postgres-style
+-- intervals, shortest exact floats, time stamps in UTC, hex bytea. The argument was read with the
+-- caller's settings, as CALL reads it; only the printing is fixed, so the engine's session, with its
+-- own settings, reads back the same value. The text comes from the type's output function (format's %s),
+-- never from a cast to text: the owner of a type may CREATE CAST (type AS text) with any function, and
+-- the engine reads the value back with the type's input function. NULL stays NULL (num_nulls: a row
+-- whose fields are all NULL is a value, not NULL).
+CREATE OR REPLACE FUNCTION radix._canonical_text(v anyelement) RETURNS text
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+SET DateStyle = 'ISO, YMD'
+SET IntervalStyle = 'postgres'
+SET extra_float_digits = 1
+SET TimeZone = 'UTC'
+SET bytea_output = 'hex'
+AS $$
+BEGIN
+    IF pg_catalog.num_nulls(v) = 1 THEN
+        RETURN NULL;
+    END IF;
+    RETURN pg_catalog.format('%s', v);
+END $$;
+
+-- Bind the given constants to the parameters of the chosen overload and convert each to the declared
+-- type (checked conversion, as the CALL at run time will do). Returns the definition's arguments.
+-- Positional arguments from a VARIADIC parameter's position on are its elements, one argument each
+-- (stored with the element type and the parameter's position, as CALL p(1, 2, 3) passes them).
+-- The stored text is bounded (radix._check_argument_size) and every output parameter has an argument
+-- (radix._check_output_arguments).
+CREATE OR REPLACE FUNCTION radix._bind_arguments(proc oid, args jsonb) RETURNS jsonb
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    a record;
+    param record;
+    bound jsonb := '[]';
+    expr text;
+    target_type oid;
+    converted text;
+BEGIN
+    FOR a IN SELECT e, n::integer AS n FROM jsonb_array_elements(args) WITH ORDINALITY AS x(e, n) LOOP
+        IF a.e->>'name' IS NULL THEN
+            SELECT * INTO param
+            FROM (SELECT p.*, row_number() OVER (ORDER BY p.ord) AS k
+                  FROM radix._procedure_parameters(proc) p) q
+            WHERE q.k = a.n OR (q.mode = 'v' AND q.k < a.n) ORDER BY q.k DESC LIMIT 1;
+        ELSE
+            SELECT * INTO param FROM radix._procedure_parameters(proc) WHERE argname = a.e->>'name';
+        END IF;
+        expr := radix._constant_sql(a.e);
+        target_type := param.argtype;
+        IF param.mode = 'v' AND a.e->>'name' IS NULL THEN
+            target_type := coalesce(nullif((SELECT typelem FROM pg_type WHERE oid = target_type), 0),
+                                    target_type);
+        END IF;
+        IF (SELECT typtype = 'p' FROM pg_type WHERE oid = target_type) THEN
+            -- polymorphic parameter: the constant keeps its own type (unknown literals become text)
+            EXECUTE format('SELECT pg_typeof(%s)::oid', expr) INTO target_type;
+            IF target_type = 'unknown'::regtype THEN target_type := 'text'::regtype; END IF;
+        END IF;
+        BEGIN
+            EXECUTE format('SELECT radix._canonical_text((%s)::%s)', expr, format_type(target_type, NULL))
+                INTO converted;
+        EXCEPTION WHEN data_exception OR invalid_text_representation OR cannot_coerce
+                       OR datatype_mismatch OR invalid_datetime_format THEN
+            RAISE EXCEPTION 'argument % (%): %', a.n,
+                coalesce(quote_ident(param.argname), 'positional'), SQLERRM
+                USING ERRCODE = SQLSTATE,
+                      HINT = format('the parameter is declared %s', format_type(param.argtype, NULL));
+        END;
+        bound := bound || jsonb_build_object(
+            'position', param.ord, 'name', param.argname, 'by_name', a.e->>'name' IS NOT NULL,
+            'type', format_type(target_type, NULL), 'type_oid', target_type, 'value', converted);
+    END LOOP;
+    PERFORM radix._check_argument_size(bound);
+    PERFORM radix._check_output_arguments(proc, bound);
+    RETURN jsonb_build_object('procedure_oid', proc, 'signature', proc::regprocedure::text,
+                              'arguments', bound);
+END $$;
+
+-- The definer side's check of a binding made by radix._resolve_call on the caller's side: the
+-- procedure is proc_schema.proc_name, every argument names one of its parameters with that parameter's
+-- type (any real type for polymorphic and VARIADIC ones), values are text or NULL, their total fits
+-- radix.max_argument_bytes() and every output parameter has one. Type names and parameter names are
+-- taken from the catalog, never from the binding.
+CREATE OR REPLACE FUNCTION radix._check_binding(proc_schema text, proc_name text, binding jsonb) RETURNS jsonb
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    proc oid;
+    a jsonb;
+    param record;
+    typ oid;
+    valid boolean;
+    checked jsonb := '[]';
+BEGIN
+    IF jsonb_typeof(binding) = 'object' AND jsonb_typeof(binding->'arguments') = 'array'
+       AND jsonb_typeof(binding->'procedure_oid') IN ('number', 'string') THEN
+        SELECT p.oid INTO proc FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+        WHERE p.oid = (binding->>'procedure_oid')::oid AND p.prokind = 'p'
+          AND n.nspname = proc_schema AND p.proname = proc_name;
+    END IF;
+    IF proc IS NULL THEN
+        RAISE EXCEPTION 'invalid argument binding for procedure %.%', quote_ident(proc_schema),
+            quote_ident(proc_name) USING ERRCODE = '22023';
+    END IF;
+    PERFORM radix._check_argument_size(binding->'arguments');
+    FOR a IN SELECT e FROM jsonb_array_elements(binding->'arguments') AS x(e) LOOP
+        valid := false;
+        IF jsonb_typeof(a->'position') = 'number' AND jsonb_typeof(a->'type_oid') IN ('number', 'string')
+           AND coalesce(jsonb_typeof(a->'value'), 'null') IN ('string', 'null') THEN
+            SELECT * INTO param FROM radix._procedure_parameters(proc) WHERE ord = (a->>'position')::numeric;
+            IF FOUND THEN
+                SELECT t.oid INTO typ FROM pg_type t
+                WHERE t.oid = (a->>'type_oid')::oid AND t.typtype <> 'p'
+                  AND (t.oid = param.argtype OR param.mode = 'v'
+                       OR (SELECT typtype = 'p' FROM pg_type WHERE oid = param.argtype));
+                valid := FOUND;
+            END IF;
+        END IF;
+        IF NOT valid THEN
+            RAISE EXCEPTION 'invalid argument binding for procedure %.%', quote_ident(proc_schema),
+                quote_ident(proc_name) USING ERRCODE = '22023';
+        END IF;
+        checked := checked || jsonb_build_object(
+            'position', param.ord, 'name', param.argname, 'by_name', coalesce(a->'by_name' = 'true', false),
+            'type', format_type(typ, NULL), 'type_oid', typ, 'value', a->>'value');
+    END LOOP;
+    PERFORM radix._check_output_arguments(proc, checked);
+    RETURN jsonb_build_object('procedure_oid', proc, 'signature', proc::regprocedure::text,
+                              'arguments', checked);
+END $$;
+
+-- CREATE JOB. `creator` is checked by radix._caller, the rest by radix._check_admission again, and
+-- `binding` (radix._resolve_call's result, made on the caller's side) by radix._check_binding; see
+-- radix.create_job for the public entry point. The engine runs the CALL in a DO block (so that no
+-- OUT/INOUT result reaches the daemon): the principal must be able to use PL/pgSQL.
+CREATE OR REPLACE FUNCTION radix._create_job(creator name, job text, schedule jsonb, run_as text, procedure text,
+                                             binding jsonb, enabled boolean, if_not_exists boolean,
+                                             deadline_ms integer)
+RETURNS uuid
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    caller oid := radix._caller(creator);
+    job_parts text[] := radix._split_qualified(job, 'job');
+    proc_parts text[] := radix._split_qualified(procedure, 'procedure');
+    existing uuid := radix._check_admission(caller, job_parts, run_as, if_not_exists);
+    principal pg_roles;
+    sched jsonb;
+    bound jsonb;
+    j radix.jobs;
+BEGIN
+    IF existing IS NOT NULL THEN
+        RETURN existing;
+    END IF;
+    SELECT * INTO principal FROM pg_roles WHERE rolname = run_as;
+    IF NOT has_language_privilege(principal.oid, 'plpgsql', 'USAGE') THEN
+        RAISE EXCEPTION 'role % cannot use PL/pgSQL, which runs its jobs', quote_ident(run_as)
+            USING ERRCODE = '42501',
+                  HINT = format('GRANT USAGE ON LANGUAGE plpgsql TO %s', quote_ident(run_as));
+    END IF;
+    bound := radix._check_binding(proc_parts[1], proc_parts[2], binding);
+    sched := radix._normalise_schedule(schedule);
+
+    INSERT INTO radix.jobs (schema_name, job_name, owner_oid, owner_name, principal_oid, principal_name,
+                            procedure_oid, procedure_signature, arguments, schedule_kind, interval_ns,
+                            starting_at_ns, at_ns, cron_expression, cron_time_zone, enabled, deadline_ms)
+    VALUES (job_parts[1], job_parts[2], caller, (SELECT rolname FROM pg_roles WHERE oid = caller),
+            principal.oid, principal.rolname, (bound->>'procedure_oid')::oid, bound->>'signature',
+            bound->'arguments', sched->>'kind', (sched->>'interval_ns')::bigint,
+            (sched->>'starting_at_ns')::bigint, (sched->>'at_ns')::bigint, sched->>'cron_expression',
+            sched->>'cron_time_zone', coalesce(enabled, true), coalesce(deadline_ms, 240000))
+    RETURNING * INTO j;
+    PERFORM radix._arm_state(j);
+    RETURN j.job_id;
+END $$;
+
+-- A document's props are bounded too (the scheduler reads them for every run). A trigger of this
+-- migration's own, so that the admission functions of 0004 stay as they are: the apply fails as a whole.
+CREATE FUNCTION radix._bound_document_props() RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    size bigint := octet_length(NEW.props::text);
+BEGIN
+    IF size > radix.max_document_bytes() THEN
+        RAISE EXCEPTION 'document %: props are % bytes; the limit is %', NEW.num, size, radix.max_document_bytes()
+            USING ERRCODE = '54000';
+    END IF;
+    RETURN NEW;
+END $$;
+
+CREATE TRIGGER cron_table_props_bound BEFORE INSERT OR UPDATE OF props ON radix.cron_table
+    FOR EACH ROW EXECUTE FUNCTION radix._bound_document_props();
+
+REVOKE ALL ON FUNCTION radix._bound_document_props() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION radix.max_argument_bytes(), radix.max_document_bytes(),
+    radix._check_argument_size(jsonb), radix._check_output_arguments(oid, jsonb) TO PUBLIC;
+
+-- ===== 0007_fair_claims.sql =====
+-- 0007: fair claims. One principal's due work can no longer take every slot: a claim gives each principal
+-- (the RUN AS role) at most `max_per_principal` running attempts in the database, counted across all
+-- nodes, and shares the slots it has round-robin among the principals with due work: fewest running
+-- first, then oldest due tick. Claims serialise on one radix-owned row (no other role can lock it), so
+-- the count a claim decides on is exact.
+--
+-- Fairness is per principal, not per job owner: an owner may SET ROLE to each principal it schedules as,
+-- and create jobs owned by that principal, so per-owner shares would give a tenant one share per role it
+-- can become plus its own; per principal it gets one share per LOGIN role it may run as, and LOGIN roles
+-- are made by whoever administers the cluster. See docs/security.md "Fair claims".
+
+-- The principal of each state row, kept from radix.jobs (a job's principal never changes today; the
+-- trigger on radix.jobs keeps it right if that ever does), so due work can be found per principal.
+ALTER TABLE radix.radix_system_job_state ADD COLUMN principal_oid oid;
+UPDATE radix.radix_system_job_state s SET principal_oid = j.principal_oid FROM radix.jobs j
+WHERE j.job_id = s.job_id;
+ALTER TABLE radix.radix_system_job_state ALTER COLUMN principal_oid SET NOT NULL;
+
+CREATE FUNCTION radix._state_principal() RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    NEW.principal_oid := (SELECT j.principal_oid FROM radix.jobs j WHERE j.job_id = NEW.job_id);
+    RETURN NEW;
+END $$;
+CREATE TRIGGER state_principal BEFORE INSERT OR UPDATE OF job_id ON radix.radix_system_job_state
+    FOR EACH ROW EXECUTE FUNCTION radix._state_principal();
+
+CREATE FUNCTION radix._job_principal_changed() RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    UPDATE radix.radix_system_job_state SET principal_oid = NEW.principal_oid WHERE job_id = NEW.job_id;
+    RETURN NULL;
+END $$;
+CREATE TRIGGER job_principal_changed AFTER UPDATE OF principal_oid ON radix.jobs
+    FOR EACH ROW WHEN (OLD.principal_oid IS DISTINCT FROM NEW.principal_oid)
+    EXECUTE FUNCTION radix._job_principal_changed();
+
+-- Due work per principal, in due order: the claim reads each principal's earliest ticks from here, and
+-- the distinct principals with live rows by a skip scan (two descents per principal).
+CREATE INDEX radix_system_job_state_principal_due ON radix.radix_system_job_state (principal_oid, due_ns)
+    WHERE status IN ('scheduled', 'running', 'retry_wait');
+
+-- The row every claim locks first (FOR UPDATE): no ordinary role has a privilege on the table, so none
+-- can lock it or hold a claim up.
+CREATE TABLE radix.claim_serial (only_row boolean PRIMARY KEY DEFAULT true CHECK (only_row));
+INSERT INTO radix.claim_serial VALUES (true);
+REVOKE ALL ON radix.claim_serial FROM PUBLIC;
+
+-- The principals with live work: their earliest due tick (scheduled / retry_wait, or a running claim's
+-- lease expiry) and how many attempts they have running in the database (every node). Cost: a skip scan
+-- of radix_system_job_state_principal_due (two descents per principal) and the running rows
+-- (radix_system_job_state_running); never the catalog.
+CREATE FUNCTION radix._principal_load()
+RETURNS TABLE (principal oid, first_due_ns bigint, running integer)
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    WITH RECURSIVE keys(p) AS (
+        (SELECT s.principal_oid FROM radix.radix_system_job_state s
+         WHERE s.status IN ('scheduled', 'running', 'retry_wait')
+         ORDER BY s.principal_oid LIMIT 1)
+        UNION ALL
+        SELECT (SELECT s.principal_oid FROM radix.radix_system_job_state s
+                WHERE s.status IN ('scheduled', 'running', 'retry_wait') AND s.principal_oid > k.p
+                ORDER BY s.principal_oid LIMIT 1)
+        FROM keys k WHERE k.p IS NOT NULL
+    ), busy AS (
+        SELECT s.principal_oid AS p, count(*)::integer AS n
+        FROM radix.radix_system_job_state s WHERE s.status = 'running' GROUP BY s.principal_oid
+    )
+    SELECT k.p,
+           (SELECT s.due_ns FROM radix.radix_system_job_state s
+            WHERE s.status IN ('scheduled', 'running', 'retry_wait') AND s.principal_oid = k.p
+            ORDER BY s.due_ns LIMIT 1),
+           coalesce(b.n, 0)
+    FROM keys k LEFT JOIN busy b ON b.p = k.p
+    WHERE k.p IS NOT NULL
+$$;
+
+-- next_due_in: seconds until the earliest tick a claim with this cap could take (<= 0: now), or NULL
+-- when there is none: a principal at its cap has nothing due until one of its attempts ends. While
+-- nothing is due it is one probe of radix_system_job_state_due.
+CREATE FUNCTION radix.next_due_in(max_per_principal integer) RETURNS float8
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    now_ns bigint := radix.to_ns(clock_timestamp());
+    first bigint := (SELECT min(s.due_ns) FROM radix.radix_system_job_state s
+                     WHERE s.status IN ('scheduled', 'running', 'retry_wait'));
+BEGIN
+    IF first IS NULL OR first > now_ns OR coalesce(max_per_principal, 0) <= 0 THEN
+        RETURN (first - now_ns) / 1e9;
+    END IF;
+    RETURN (SELECT (min(l.first_due_ns) - now_ns) / 1e9 FROM radix._principal_load() l
+            WHERE l.running < max_per_principal);
+END $$;
+
+-- The round-robin of one claim: `budget` slots dealt one at a time, each to the principal with the
+-- fewest running attempts (`running`, plus what this deal gave it), ties by its earliest due tick, never
+-- past `cap` (NULL: no cap). Returns how many slots each principal got.
+CREATE FUNCTION radix._claim_shares(principals oid[], running integer[], first_due bigint[],
+                                    budget integer, cap integer)
+RETURNS TABLE (principal oid, share integer)
+LANGUAGE sql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT x.p, count(*)::integer
+    FROM (SELECT u.p
+          FROM unnest(principals, running, first_due) AS u(p, n, due)
+          CROSS JOIN LATERAL generate_series(1, least(budget, coalesce(cap - u.n, budget))) AS g(i)
+          ORDER BY u.n + g.i, u.due, u.p
+          LIMIT greatest(budget, 0)) x
+    GROUP BY x.p
+$$;
+
+-- claim_due: claim up to `max_claims` ticks for `node`. Claimable: the claims of dead nodes (running,
+-- their node's control session gone), then due rows (scheduled / retry_wait with due_ns <= now, or
+-- running with an expired lease); never a job with a committed frame whose backend still runs, and
+-- never a row locked by a running atomic attempt (KEY SHARE) or another claimer (SKIP LOCKED).
+-- Fair: the slots are dealt round-robin among the principals with due work (radix._claim_shares:
+-- fewest running attempts first, then earliest due tick), each principal's rows in due order; a
+-- principal with `max_per_principal` attempts running in the database (every node) gets none (NULL or
+-- 0: no cap). A principal with fewer claimable rows than its share is done, and what is left of the
+-- budget is dealt again among the others. Resumed claims of dead nodes already count as running.
+-- Claims serialise on radix.claim_serial, so two nodes never both fill one cap.
+-- With `with_cron` false, cron ticks are left alone (the engine plans them first, see planning.py).
+-- Missed interval ticks coalesce to the latest due one (counted) when a fresh tick starts; a resumed
+-- claim keeps its planned time, attempt number and idempotency key. Each claim writes the state and a
+-- 'running' history row together.
+-- Cost: index scans only. Nothing due: one probe of radix_system_job_state_due. Due work: a skip scan
+-- over the principals with live rows (radix._principal_load), then per principal an ordered scan of
+-- radix_system_job_state_principal_due that stops at its share; running rows by
+-- radix_system_job_state_running; node liveness only when another node holds a running claim.
+DROP FUNCTION radix.claim_due(text, integer, boolean);
+CREATE FUNCTION radix.claim_due(node text, max_claims integer, with_cron boolean DEFAULT true,
+                                max_per_principal integer DEFAULT NULL)
+RETURNS TABLE (job_id uuid, definition_version bigint, lease_token uuid, planned_ns bigint,
+               attempt integer, idempotency_key text, resumed boolean, coalesced bigint,
+               anchor_ns bigint)
+LANGUAGE plpgsql VOLATILE ROWS 16
+SET search_path = pg_catalog, pg_temp
+-- the statements' plans do not depend on the values (index scans by key, ordered by due_ns); custom
+-- plans were re-made at every call (~0.8 ms, most of a claim's cost)
+SET plan_cache_mode = force_generic_plan
+AS $$
+DECLARE
+    now_ts timestamptz := clock_timestamp();
+    now_ns bigint := radix.to_ns(now_ts);
+    cap integer := nullif(greatest(max_per_principal, 0), 0);
+    dead text[] := '{}';
+    picked uuid[] := '{}';
+    resuming boolean;
+    budget integer;
+    ps oid[];
+    runs integer[];
+    dues bigint[];
+    shares oid[];
+    share_counts integer[];
+    took_ids uuid[];
+    took oid[];
+BEGIN
+    -- by its tid (the table has one row, never updated): a Tid Scan, not a Seq Scan in the claim's plans
+    PERFORM 1 FROM radix.claim_serial WHERE ctid = '(0,1)'::tid FOR UPDATE;
+    IF NOT FOUND THEN  -- rewritten elsewhere by hand: still serialise
+        PERFORM 1 FROM radix.claim_serial FOR UPDATE;
+    END IF;
+    IF EXISTS (SELECT 1 FROM radix.radix_system_job_state s WHERE s.status = 'running' AND s.lease_node <> node)
+    THEN
+        dead := ARRAY(
+            SELECT DISTINCT s.lease_node
+            FROM radix.radix_system_job_state s LEFT JOIN radix.nodes n ON n.node_id = s.lease_node
+            WHERE s.status = 'running' AND s.lease_node <> node
+              AND (n.node_id IS NULL OR NOT EXISTS (
+                    SELECT 1 FROM pg_stat_get_activity(n.backend_pid) a WHERE a.backend_start = n.backend_start)));
+    END IF;
+    IF cardinality(dead) > 0 THEN
+        picked := ARRAY(
+            SELECT s.job_id FROM radix.radix_system_job_state s
+            WHERE s.status = 'running' AND s.lease_node = ANY (dead)
+              AND NOT EXISTS (
+                  SELECT 1 FROM radix.attempt_frames f
+                  WHERE f.job_id = s.job_id AND EXISTS (
+                      SELECT 1 FROM pg_stat_get_activity(f.pid) a WHERE a.backend_start = f.backend_start))
+            ORDER BY s.due_ns
+            LIMIT max_claims
+            FOR UPDATE SKIP LOCKED);
+    END IF;
+    budget := max_claims - cardinality(picked);
+    -- min(): an index probe of radix_system_job_state_due whatever the generic plan thinks of due_ns <= now
+    IF budget > 0 AND (SELECT min(s.due_ns) FROM radix.radix_system_job_state s
+                       WHERE s.status IN ('scheduled', 'retry_wait', 'running')) <= now_ns THEN
+        SELECT coalesce(array_agg(l.principal), '{}'), coalesce(array_agg(l.running), '{}'),
+               coalesce(array_agg(l.first_due_ns), '{}')
+        INTO ps, runs, dues
+        FROM radix._principal_load() l
+        WHERE l.first_due_ns <= now_ns AND (cap IS NULL OR l.running < cap);
+        -- every round ends the claim or drops a principal (done or at its cap): at most one per principal
+        FOR deal IN 1 .. cardinality(ps) LOOP
+            EXIT WHEN budget <= 0 OR cardinality(ps) = 0;
+            SELECT array_agg(sh.principal), array_agg(sh.share) INTO shares, share_counts
+            FROM radix._claim_shares(ps, runs, dues, budget, cap) sh;
+            EXIT WHEN shares IS NULL;
+            SELECT coalesce(array_agg(c.job_id), '{}'), coalesce(array_agg(c.principal_oid), '{}')
+            INTO took_ids, took
+            FROM unnest(shares, share_counts) AS q(p, n)
+            CROSS JOIN LATERAL (
+                SELECT s.job_id, s.principal_oid FROM radix.radix_system_job_state s
+                WHERE s.principal_oid = q.p
+                  AND s.status IN ('scheduled', 'retry_wait', 'running') AND s.due_ns <= now_ns
+                  AND s.planned_ns IS NOT NULL
+                  AND (s.status <> 'running' OR s.lease_expires_at < now_ts)
+                  AND s.job_id <> ALL (picked)
+                  AND (with_cron OR NOT EXISTS (
+                          SELECT 1 FROM radix.jobs j WHERE j.job_id = s.job_id AND j.schedule_kind = 'cron'))
+                  AND NOT EXISTS (
+                      SELECT 1 FROM radix.attempt_frames f
+                      WHERE f.job_id = s.job_id AND EXISTS (
+                          SELECT 1 FROM pg_stat_get_activity(f.pid) a WHERE a.backend_start = f.backend_start))
+                ORDER BY s.due_ns
+                LIMIT q.n
+                FOR UPDATE OF s SKIP LOCKED) c;
+            picked := picked || took_ids;
+            budget := budget - cardinality(took_ids);
+            -- a principal that got fewer rows than its share has no more (claimable) due work
+            SELECT coalesce(array_agg(u.p), '{}'), coalesce(array_agg(u.n + coalesce(t.k, 0)), '{}'),
+                   coalesce(array_agg(u.due), '{}')
+            INTO ps, runs, dues
+            FROM unnest(ps, runs, dues) AS u(p, n, due)
+            LEFT JOIN unnest(shares, share_counts) AS q(p, n) ON q.p = u.p
+            LEFT JOIN (SELECT x.p, count(*)::integer AS k FROM unnest(took) AS x(p) GROUP BY x.p) t ON t.p = u.p
+            WHERE (q.p IS NULL OR coalesce(t.k, 0) >= q.n)
+              AND (cap IS NULL OR u.n + coalesce(t.k, 0) < cap);
+        END LOOP;
+    END IF;
+    IF cardinality(picked) = 0 THEN
+        RETURN;
+    END IF;
+    resuming := cardinality(dead) > 0 OR EXISTS (
+        SELECT 1 FROM radix.radix_system_job_state s WHERE s.job_id = ANY (picked) AND s.status = 'running');
+
+    RETURN QUERY
+    WITH decided AS (
+        SELECT s.job_id, s.status = 'running' AS resumed,
+               CASE WHEN s.status = 'scheduled' AND j.schedule_kind = 'every' AND s.planned_ns <= now_ns
+                    THEN s.planned_ns + (now_ns - s.planned_ns) / j.interval_ns * j.interval_ns
+                    ELSE s.planned_ns END AS new_planned,
+               s.planned_ns AS old_planned, j.interval_ns, j.schedule_kind
+        FROM radix.radix_system_job_state s JOIN radix.jobs j USING (job_id)
+        WHERE s.job_id = ANY (picked)
+    ), claimed AS (
+        UPDATE radix.radix_system_job_state s SET
+            status = 'running',
+            planned_ns = d.new_planned,
+            attempt = CASE WHEN d.resumed THEN greatest(s.attempt, 1) ELSE s.attempt + 1 END,
+            idempotency_key = s.job_id::text || '/' || d.new_planned::text,
+            lease_node = node,
+            lease_token = gen_random_uuid(),
+            lease_expires_at = now_ts + interval '5 minutes',
+            due_ns = radix.to_ns(now_ts + interval '5 minutes'),
+            coalesced_ticks = s.coalesced_ticks + CASE WHEN d.schedule_kind = 'every'
+                THEN (d.new_planned - d.old_planned) / d.interval_ns ELSE 0 END,
+            updated_at = now_ts
+        FROM decided d WHERE s.job_id = d.job_id
+        RETURNING s.job_id, s.definition_version, s.lease_token, s.planned_ns, s.attempt,
+                  s.idempotency_key, d.resumed,
+                  CASE WHEN d.schedule_kind = 'every' THEN (d.new_planned - d.old_planned) / d.interval_ns
+                       ELSE 0 END AS coalesced,
+                  s.anchor_ns
+    ), lost AS (
+        UPDATE radix.radix_system_job_history h SET status = 'lease_lost', finished_at = now_ts,
+            error = jsonb_build_object('error', 'PL_JOB_ATTEMPT_FAILED', 'kind', 'lease_lost',
+                                       'category', 'connection', 'detail',
+                                       jsonb_build_object('scheduler_retryable', true))
+        FROM claimed c
+        WHERE c.resumed AND h.job_id = c.job_id AND h.planned_ns = c.planned_ns
+          AND h.attempt = c.attempt AND h.status = 'running'
+        RETURNING h.job_id
+    ), started AS (
+        INSERT INTO radix.radix_system_job_history
+            (job_id, definition_version, planned_ns, attempt, idempotency_key, status, node)
+        SELECT c.job_id, c.definition_version, c.planned_ns, c.attempt, c.idempotency_key, 'running', node
+        FROM claimed c WHERE NOT c.resumed
+        RETURNING 1
+    )
+    SELECT c.job_id, c.definition_version, c.lease_token, c.planned_ns, c.attempt, c.idempotency_key,
+           c.resumed, c.coalesced, c.anchor_ns
+    FROM claimed c;
+
+    -- resumed claims: the lost row was closed above; the new attempt gets its own row
+    IF resuming THEN
+        INSERT INTO radix.radix_system_job_history
+            (job_id, definition_version, planned_ns, attempt, idempotency_key, status, node)
+        SELECT s.job_id, s.definition_version, s.planned_ns, s.attempt, s.idempotency_key, 'running', node
+        FROM unnest(picked) AS p(job_id) JOIN radix.radix_system_job_state s ON s.job_id = p.job_id
+        WHERE s.lease_node = node AND s.status = 'running' AND s.updated_at = now_ts
+          AND NOT EXISTS (SELECT 1 FROM radix.radix_system_job_history h
+                          WHERE h.job_id = s.job_id AND h.planned_ns = s.planned_ns
+                            AND h.attempt = s.attempt AND h.status = 'running');
+    END IF;
+    -- keep at most 256 history rows per job
+    DELETE FROM radix.radix_system_job_history h USING unnest(picked) AS p(job_id)
+    WHERE h.job_id = p.job_id AND h.history_id <= (
+        SELECT o.history_id FROM radix.radix_system_job_history o WHERE o.job_id = p.job_id
+        ORDER BY o.history_id DESC OFFSET 256 LIMIT 1);
+END $$;
+
+REVOKE ALL ON FUNCTION radix.claim_due(text, integer, boolean, integer), radix.next_due_in(integer),
+    radix._principal_load(), radix._claim_shares(oid[], integer[], bigint[], integer, integer),
+    radix._state_principal(), radix._job_principal_changed() FROM PUBLIC;
+
+-- ===== 0008_locks_notify.sql =====
+-- 0008: nothing radixjobs waits on can be held by an ordinary role, and a full notification queue
 -- never fails a write (issue #11, items 5 and 6).
 --
 -- Locks. Advisory keys are one namespace per database that any connected role may take: a role holding

@@ -1,4 +1,4 @@
--- 0005: nothing radixjobs waits on can be held by an ordinary role, and a full notification queue
+-- 0008: nothing radixjobs waits on can be held by an ordinary role, and a full notification queue
 -- never fails a write (issue #11, items 5 and 6).
 --
 -- Locks. Advisory keys are one namespace per database that any connected role may take: a role holding
