@@ -20,7 +20,6 @@ from radixjobs.catalog import (
     alter_job,
     create_job,
     drop_job,
-    execute,
     execute_job_ddl,
     get_job,
     job_history,
@@ -41,6 +40,7 @@ from radixjobs.errors import (
     StatementError,
 )
 from radixjobs.migrate import check_ready, code_version, install
+from radixjobs.scripts import execute
 from radixjobs.server import Daemon, DaemonConfig
 
 __all__ = [

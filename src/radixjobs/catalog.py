@@ -98,13 +98,6 @@ def execute_job_ddl(conn: Conn, text: str) -> str:
     return perform(conn, ddl.parse_job_statement(text))
 
 
-def execute(conn: Conn, script: str) -> list[str]:
-    """Run a script of SQL and job DDL (as ``radixjobs sql`` does); returns each statement's tag."""
-    from radixjobs.scripts import run_script
-
-    return [result.status for result in run_script(conn, script)]
-
-
 LIST_COLUMNS = ("name", "schedule", "principal", "procedure", "enabled", "definition_version", "status",
                 "next_run_at")
 

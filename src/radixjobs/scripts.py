@@ -9,6 +9,7 @@ from typing import Any
 import psycopg
 
 from radixjobs import ddl
+from radixjobs.catalog import execute_job_ddl
 from radixjobs.errors import RadixError, StatementError
 from radixjobs.model import ScriptStatement
 from radixjobs.sqlscript import split_script
@@ -35,20 +36,19 @@ class StatementResult:
 JobStatementRunner = Callable[[psycopg.Connection[Any], str], str]
 
 
-def _default_job_runner(conn: psycopg.Connection[Any], text: str) -> str:
-    from radixjobs.catalog import execute_job_ddl
-
-    return execute_job_ddl(conn, text)
-
-
 def run_script(conn: psycopg.Connection[Any], text: str,
-               job_runner: JobStatementRunner = _default_job_runner) -> Iterator[StatementResult]:
+               job_runner: JobStatementRunner = execute_job_ddl) -> Iterator[StatementResult]:
     """Run each statement in order (autocommit, as psql does); stop at the first failure.
 
     Raises StatementError naming the statement number and line.
     """
     for stmt in split_script(text):
         yield _run_one(conn, stmt, job_runner)
+
+
+def execute(conn: psycopg.Connection[Any], script: str) -> list[str]:
+    """Run a script of SQL and job DDL (as ``radixjobs sql`` does); returns each statement's tag."""
+    return [result.status for result in run_script(conn, script)]
 
 
 def _run_one(conn: psycopg.Connection[Any], stmt: ScriptStatement,
