@@ -155,3 +155,40 @@ def external_cluster() -> Iterator[ExternalCluster]:
         yield cluster
     finally:
         stop_cluster(cluster)
+
+
+@dataclass
+class ExternalDb:
+    """A fresh database of the cluster the scheduler may install into (CREATE, CONNECT granted)."""
+
+    cluster: ExternalCluster
+    name: str
+
+    def dsn(self, user: str = SCHEDULER, *, password: bool = True) -> str:
+        return self.cluster.dsn(user, self.name, password=password)
+
+    def admin(self) -> psycopg.Connection[Any]:
+        return self.cluster.admin(self.name)
+
+    def role(self, prefix: str, *, login: bool = True, in_passfile: bool = True) -> str:
+        name = f"{prefix}_{secrets.token_hex(4)}"
+        self.cluster.create_role(name, login=login, in_passfile=in_passfile)
+        return name
+
+    def env(self, **extra: str) -> dict[str, str]:
+        """The daemon's environment: the principals' password file, and ``extra``."""
+        return {"PGPASSFILE": str(self.cluster.passfile), **extra}
+
+
+def new_database(cluster: ExternalCluster) -> ExternalDb:
+    name = f"ext_{secrets.token_hex(6)}"
+    with cluster.admin("postgres") as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+        conn.execute(sql.SQL("GRANT CREATE, CONNECT ON DATABASE {} TO {}").format(
+            sql.Identifier(name), sql.Identifier(SCHEDULER)))
+    return ExternalDb(cluster, name)
+
+
+def drop_database(db: ExternalDb) -> None:
+    with db.cluster.admin("postgres") as conn:
+        conn.execute(sql.SQL("DROP DATABASE {} WITH (FORCE)").format(sql.Identifier(db.name)))
