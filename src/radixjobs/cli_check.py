@@ -33,7 +33,7 @@ def check_command(opts: Options, timeout_s: int) -> None:
              "client_addr": ctx.client_addr, "passfile": ctx.passfile, "os_user": ctx.os_user,
              "scheduler_grants": grants,
              "ok": not failed, "principals": [c.to_json() for c in checks]}
-    rows = [(c.principal, "ok" if c.ok else "FAILED", len(c.used_by), c.kind or "", c.fix or "") for c in checks]
+    rows = [(c.principal, "ok" if c.ok else "FAILED", len(c.used_by), c.kind or "") for c in checks]
     lines = [f"database {ctx.database} on PostgreSQL {ctx.server_major}, scheduler {ctx.scheduler}, "
              f"logins from {ctx.client_addr or 'a unix socket'} as OS user {ctx.os_user}, password file "
              f"{ctx.passfile}"]
@@ -41,7 +41,8 @@ def check_command(opts: Options, timeout_s: int) -> None:
         if not held:
             lines.append(f"warning: the scheduler lacks {grant}: GRANT {grant} TO {ctx.scheduler} "
                          "(docs/external.md)")
-    lines.append(output.render_table(["principal", "login", "jobs", "kind", "fix"], rows))
+    lines.append(output.render_table(["principal", "login", "jobs", "kind"], rows))
+    lines.extend(f"fix {c.principal}: {c.fix}" for c in failed)
     lines.append(f"{len(failed)} of {len(checks)} principal(s) cannot log in" if failed
                  else f"all {len(checks)} principal(s) can log in")
     emit(opts, value, "\n".join(lines))
