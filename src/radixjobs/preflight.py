@@ -65,7 +65,7 @@ class Context:
     scheduler: str
     signal_backend: bool
     read_all_stats: bool
-    host: str
+    host: str  # the password file's host field: "*" for a unix socket (libpq matches its path, or localhost)
     port: str
     passfile: str
     os_user: str
@@ -128,7 +128,7 @@ async def _context(dsn: str) -> tuple[Context, list[tuple[str, list[str]]]]:
         host, port = conn.info.host, str(conn.info.port)
     assert row is not None
     ctx = Context(row[0], row[1], int(row[2]), row[3], bool(row[4]), bool(row[5]),
-                  "localhost" if host.startswith("/") else host, port, _passfile(dsn), getpass.getuser())
+                  "*" if host.startswith("/") else host, port, _passfile(dsn), getpass.getuser())
     return ctx, principals
 
 
