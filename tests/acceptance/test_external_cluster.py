@@ -35,10 +35,10 @@ def ext(external_pg: ExternalCluster) -> Iterator[ExternalDb]:
         drop_database(db)
 
 
-def radix(db: ExternalDb, *args: str) -> subprocess.CompletedProcess[str]:
+def radix(db: ExternalDb, *args: str, dsn_extra: str = "") -> subprocess.CompletedProcess[str]:
     """``radixjobs ARGS`` as the daemon runs: scheduler password in PGPASSWORD, principals' in PGPASSFILE."""
     env = db.env(PGPASSWORD=db.cluster.passwords[SCHEDULER])
-    return run_cli(*args, "--dsn", db.dsn(password=False), env=env)
+    return run_cli(*args, "--dsn", f"{db.dsn(password=False)} {dsn_extra}".strip(), env=env)
 
 
 def job(db: ExternalDb, principal: str, name: str = "once", schedule: str = "AT TIMESTAMP '2020-01-01'") -> str:
@@ -94,6 +94,12 @@ def test_a_job_runs_as_its_principal_with_the_password_file(ext: ExternalDb) -> 
     assert ran.returncode == 0, ran.stderr
     assert json.loads(ran.stdout)["counters"]["successes"] == 1
     assert effects(ext) == [("once", principal, principal)]
+    # require_auth (libpq 16+) in the DSN holds for the principals' logins too (docs/external.md)
+    strict = radix(ext, "check", "--json", dsn_extra="require_auth=scram-sha-256")
+    assert strict.returncode == 0, strict.stdout + strict.stderr
+    refused = radix(ext, "check", "--json", dsn_extra="require_auth=md5")  # the client refuses scram
+    assert refused.returncode == 1, refused.stdout + refused.stderr
+    assert "authentication method requirement" in refused.stderr
 
 
 def test_check_says_what_to_fix_per_principal(ext: ExternalDb) -> None:
