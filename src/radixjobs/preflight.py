@@ -7,7 +7,8 @@ fix text built from what radixjobs knows itself (principal, database, this node'
 sees it, the password file's path, the server's major version) — never the server's message for a
 security failure, so a report holds no more than the operator's own configuration.
 
-The principals are read on the scheduler's own pinned connection; logins run a few at a time.
+The principals are read on the scheduler's own pinned connection (lock waits bounded, connect bounded);
+logins run a few at a time, each bounded by its connect timeout.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
 from radixjobs import retry
-from radixjobs.db import first_line, scheduler_dsn
+from radixjobs.db import abound_lock_waits, first_line, scheduler_dsn
 from radixjobs.engine.principals import principal_dsn
 
 log = logging.getLogger("radixjobs.server")
@@ -120,7 +121,9 @@ def fix_for(kind: str, message: str, principal: str, ctx: Context) -> str:
 
 
 async def _context(dsn: str) -> tuple[Context, list[tuple[str, list[str]]]]:
-    async with await psycopg.AsyncConnection.connect(scheduler_dsn(dsn), autocommit=True) as conn:
+    async with await psycopg.AsyncConnection.connect(scheduler_dsn(dsn), autocommit=True,
+                                                     connect_timeout=CONNECT_TIMEOUT_S) as conn:
+        await abound_lock_waits(conn)
         cur = await conn.execute(CONTEXT)
         row = await cur.fetchone()
         cur = await conn.execute(PRINCIPALS)

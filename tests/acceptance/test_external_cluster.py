@@ -194,3 +194,16 @@ def test_serve_logs_the_check_once_and_runs_the_jobs_that_can_log_in(ext: Extern
     text = server.log.read_text()
     for password in ext.cluster.passwords.values():
         assert password not in text
+
+
+def test_check_on_the_embedded_server(app: Any, cli: Any) -> None:
+    """The same check where principals log in over the embedded server's socket (no passwords)."""
+    app.job("CREATE JOB app.tick SCHEDULE EVERY INTERVAL '1 hour' RUN AS {p} CALL app.record('tick')")
+    checked = cli("check", "--json")
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    report = json.loads(checked.stdout)
+    assert (report["client_addr"], [p["principal"] for p in report["principals"]]) == (None, [app.principal])
+    app.conn.execute(sql.SQL("ALTER ROLE {} NOLOGIN").format(sql.Identifier(app.principal)))
+    refused = cli("check")
+    assert refused.returncode == 1
+    assert f"fix {app.principal}: ALTER ROLE {app.principal} LOGIN" in refused.stdout
