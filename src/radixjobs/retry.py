@@ -8,7 +8,9 @@ Decision on lost connections: **retryable**. When the connection drops before th
 attempt is known, PostgreSQL rolls the attempt's transaction back (an in-doubt COMMIT is resolved by
 the engine with ``pg_xact_status`` before it classifies), and the retry reuses the tick's idempotency
 key, so the tick stays at-least-once and is never silently skipped.  Authentication failures are not
-connection failures: they are ``security`` and terminal.
+connection failures: they are ``security`` and terminal — libpq's own "no password supplied" (the
+password file has no line for the principal) included, so a refused login costs one attempt per tick, and
+its record carries a fixed text saying what to fix (never the server's message).
 """
 
 from __future__ import annotations
