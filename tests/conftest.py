@@ -107,3 +107,17 @@ def roles(pg: PgCluster) -> Iterator[Any]:
 def app(db: str, conn: psycopg.Connection[Any], roles: Any) -> App:
     """A database with schema ``app``, a LOGIN principal that may use it, and app.record(tag)."""
     return make_app(db, conn, roles("worker"))
+
+
+@pytest.fixture(scope="session")
+def external_pg() -> Iterator[Any]:
+    """A distribution PostgreSQL cluster with scram passwords (tests/external.py); skipped when none is
+    installed, except in CI (.ci/run installs it and sets RADIXJOBS_REQUIRE_EXTERNAL_PG)."""
+    from tests.external import distribution_bin, external_cluster
+
+    if distribution_bin() is None:
+        if os.environ.get("RADIXJOBS_REQUIRE_EXTERNAL_PG") or os.environ.get("CI"):
+            pytest.fail("no distribution PostgreSQL (/usr/lib/postgresql/*/bin/initdb): .ci/run installs it")
+        pytest.skip("no distribution PostgreSQL installed (/usr/lib/postgresql/*/bin/initdb): "
+                    "apt-get install postgresql")
+    yield from external_cluster()

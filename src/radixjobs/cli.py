@@ -11,6 +11,7 @@ import click
 import psycopg
 
 from radixjobs import migrate, output
+from radixjobs.cli_check import check_command
 from radixjobs.cli_common import (
     Options,
     common_options,
@@ -385,3 +386,4 @@ def _database_status(conn: psycopg.Connection[Any]) -> dict[str, Any]:
 
 
 cli.add_command(docs_group)
+cli.add_command(check_command)

@@ -8,7 +8,9 @@ Decision on lost connections: **retryable**. When the connection drops before th
 attempt is known, PostgreSQL rolls the attempt's transaction back (an in-doubt COMMIT is resolved by
 the engine with ``pg_xact_status`` before it classifies), and the retry reuses the tick's idempotency
 key, so the tick stays at-least-once and is never silently skipped.  Authentication failures are not
-connection failures: they are ``security`` and terminal.
+connection failures: they are ``security`` and terminal — libpq's own "no password supplied" (the
+password file has no line for the principal) included, so a refused login costs one attempt per tick, and
+its record carries a fixed text saying what to fix (never the server's message).
 """
 
 from __future__ import annotations
@@ -153,6 +155,8 @@ _SQLSTATE_SHAPE: Final = re.compile(r"[0-9A-Z]{5}")
 _CONNECT_SECURITY_MESSAGES: Final[tuple[tuple[re.Pattern[str], str], ...]] = (
     (re.compile(r"authentication", re.IGNORECASE), "authentication_failed"),
     (re.compile(r"pg_hba\.conf", re.IGNORECASE), "authentication_failed"),
+    # libpq's own: the server asked for a password and none was found (the password file lacks the role)
+    (re.compile(r"no password supplied", re.IGNORECASE), "no_password"),
     (re.compile(r"not permitted to log in", re.IGNORECASE), "login_not_permitted"),
     (re.compile(r"permission denied for database", re.IGNORECASE), "connect_privilege"),
 )
@@ -276,16 +280,19 @@ def decide(attempt: int, cause: Cause) -> RetryDecision:
 
 _AUTHENTICATION_REDACTED: Final = "authentication failed (redacted)"
 _PERMISSION_REDACTED: Final = "permission denied (redacted)"
-# Security kinds about logging in; every other security kind is a missing privilege.
-_AUTHENTICATION_KINDS: Final = frozenset(
-    {
-        "invalid_authorization_specification",
-        "invalid_password",
-        "authentication_failed",
-        "undefined_role",
-        "login_not_permitted",
-    }
-)
+_CHECK_HINT: Final = "; `radixjobs check` on the scheduler's node says what to fix (docs/external.md)"
+# Security kinds about logging in (every other security kind is a missing privilege), each with a fixed,
+# actionable text: what the operator fixes, nothing the server said.
+_AUTHENTICATION_KINDS: Final[dict[str, str]] = {
+    "invalid_authorization_specification": "the principal may not log in from the scheduler's node",
+    "invalid_password": "the principal's password was refused (password file entry, pg_hba.conf line)",
+    "authentication_failed": "the principal's login was refused (password file entry, pg_hba.conf line or "
+                             "ident map)",
+    "no_password": "the scheduler's password file has no entry for the principal",
+    "undefined_role": "the principal's role does not exist",
+    "login_not_permitted": "the principal's role is NOLOGIN",
+    "connect_privilege": "the principal lacks CONNECT on the database",
+}
 _ELLIPSIS = "…"
 
 
@@ -301,7 +308,10 @@ def truncate(message: str, limit: int = MAX_MESSAGE_CHARS) -> str:
 def redact(cause: Cause, message: str) -> str:
     """The message fit for history, logs and status: fixed text for security failures, else truncated."""
     if cause.category is Category.SECURITY:
-        return _AUTHENTICATION_REDACTED if cause.kind in _AUTHENTICATION_KINDS else _PERMISSION_REDACTED
+        reason = _AUTHENTICATION_KINDS.get(cause.kind)
+        if reason is None:
+            return _PERMISSION_REDACTED
+        return f"{_AUTHENTICATION_REDACTED}: {reason}{_CHECK_HINT}"
     return truncate(message)
 
 

@@ -14,7 +14,12 @@ pg_catalog``) and defines ``mine.pg_advisory_unlock_all()``, ``mine.=`` or ``min
   defaults choose nothing in it;
 - the clean is bounded (``CLEAN_TIMEOUT_S``, and a statement_timeout inside it): past that the connection
   is closed, never reused, and the backend ends within client_connection_check_interval;
-- logins are bounded by ``connect_timeout``.
+- logins are bounded by ``connect_timeout``;
+- a principal's password comes only from the password file (``passfile`` in the DSN, ``PGPASSFILE``, or
+  ``~/.pgpass``), never from the scheduler's DSN nor from ``PGPASSWORD`` in the daemon's environment:
+  the DSN carries an empty ``password``, which libpq reads as "none given" (so it looks in the password
+  file, and sends no password when none is listed) while it hides ``PGPASSWORD`` (verified against
+  PostgreSQL 15: tests/acceptance/test_external_cluster.py).
 """
 
 from __future__ import annotations
@@ -38,14 +43,15 @@ CLEAN_TIMEOUT_S = 5.0
 Conn = psycopg.AsyncConnection[Any]
 
 
-def principal_dsn(dsn: str, principal: str) -> str:
-    """The scheduler's DSN, logged in as ``principal`` (no password carried over)."""
+def principal_dsn(dsn: str, principal: str, *, connect_timeout_s: int = CONNECT_TIMEOUT_S) -> str:
+    """The scheduler's DSN, logged in as ``principal``: no password carried over, ``PGPASSWORD`` hidden
+    (an explicit empty password), so the password file alone supplies the principal's."""
     params = conninfo_to_dict(dsn)
-    params.pop("password", None)
+    params["password"] = ""
     params["user"] = principal
     params["options"] = PRINCIPAL_OPTIONS
     params["application_name"] = "radixjobs-attempt"
-    params["connect_timeout"] = str(CONNECT_TIMEOUT_S)
+    params["connect_timeout"] = str(connect_timeout_s)
     return make_conninfo(**params)  # type: ignore[arg-type]
 
 

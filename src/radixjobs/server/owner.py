@@ -16,6 +16,7 @@ from radixjobs.db import scheduler_dsn
 from radixjobs.documents.scheduler import DocumentScheduler
 from radixjobs.engine import Engine
 from radixjobs.engine.slots import Slots
+from radixjobs.preflight import log_principal_checks
 
 log = logging.getLogger("radixjobs.server")
 
@@ -47,9 +48,12 @@ class DatabaseOwner:
         self.last_error: str | None = None
         self.reconnects = 0
         self.engines_counters: list[dict[str, int]] = []  # counters of engines replaced after errors
+        self._preflight: asyncio.Task[None] | None = None
 
     async def run(self) -> None:
         """Serve until ``stop``; reconnect with jittered exponential backoff on connection loss."""
+        # once per database, beside the serving: which principals cannot log in, and the fix (preflight)
+        self._preflight = self._preflight or asyncio.create_task(log_principal_checks(self.name, self.dsn))
         backoff = 0.2
         while not self.stopping.is_set():
             try:
@@ -149,6 +153,8 @@ class DatabaseOwner:
 
     def stop(self) -> None:
         self.stopping.set()
+        if self._preflight is not None:
+            self._preflight.cancel()
         self.wake.set()
         self._documents_stop.set()
 
