@@ -23,6 +23,7 @@ from tests.apps import App
 from tests.console.support import CONSOLE_SQL, TOKEN, chromium, serve_console
 from tests.support import wait_for
 
+
 @pytest.fixture
 def browser() -> Iterator[Browser]:
     executable = chromium()
@@ -94,7 +95,7 @@ def test_console_in_a_browser(app: App, console: Serve, browser: Browser, tmp_pa
     assert "app.often" not in page.content()
     shots.take("login")
     log_in(page, console.url)
-    wait_for(lambda: int(page.inner_text("#attempts-min")) > 0 or page.reload() and False, timeout=30,
+    wait_for(lambda: int(page.inner_text("#attempts-min")) > 0 or (page.reload() and False), timeout=30,
              message="attempts on the overview")
     shots.take("overview")
 
@@ -109,7 +110,8 @@ def test_console_in_a_browser(app: App, console: Serve, browser: Browser, tmp_pa
     assert page.locator("#history code").first.inner_text().strip()  # the tick's idempotency key
     shots.take("job")
     flash = confirm(page, "Disable")
-    assert "disabled" in flash and flash.startswith("done")
+    assert "disabled" in flash
+    assert flash.startswith("done")
     assert page.inner_text("#enabled") == "no"
     assert app.state("app.often")["enabled"] is False
 
