@@ -19,8 +19,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlencode
 
+import psycopg
 import pytest
+from psycopg import sql
+from psycopg.conninfo import make_conninfo
 
+from radixjobs import catalog, migrate
+from radixjobs.embedded import SUPERUSER, EmbeddedServer
 from tests.acceptance.serving import Serve
 from tests.apps import App
 from tests.console.support import TOKEN, request, serve_console
@@ -141,3 +146,75 @@ def test_postgres_login_refuses_a_server_without_passwords(app: App, tmp_path: P
     assert proc.returncode != 0
     assert "needs a server that checks passwords" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+@pytest.fixture
+def password_cluster(tmp_path: Path) -> Iterator[tuple[EmbeddedServer, str]]:
+    """A cluster of its own that checks passwords (scram) on its socket; returns it and its superuser DSN."""
+    server = EmbeddedServer(tmp_path / "pwpg", settings={"fsync": "off", "synchronous_commit": "off"})
+    info, _ = server.ensure_running(persistent=True)
+    try:
+        yield server, info.dsn()
+    finally:
+        server.release()
+        server.destroy()
+
+
+def _login(url: str, role: str, password: str) -> tuple[int, str]:
+    status, headers, _ = request(url + "/login", "POST", {"Content-Type": "application/x-www-form-urlencoded"},
+                                 urlencode({"role": role, "password": password}).encode())
+    return status, headers.get("set-cookie", "").split(";")[0]
+
+
+def test_postgres_login_shows_and_acts_as_that_role_only(password_cluster: tuple[EmbeddedServer, str],
+                                                         tmp_path: Path) -> None:
+    server, super_dsn = password_cluster
+    with psycopg.connect(super_dsn, autocommit=True) as su:
+        su.execute(sql.SQL("ALTER ROLE {} PASSWORD 'operator-pw'").format(sql.Identifier(SUPERUSER)))
+        su.execute("CREATE ROLE alice LOGIN PASSWORD 'alice-pw'")
+        su.execute("CREATE ROLE bob LOGIN PASSWORD 'bob-pw'")
+        su.execute("CREATE DATABASE console")
+    db_dsn = make_conninfo(super_dsn, dbname="console")
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        migrate.install(conn)
+        for role in ("alice", "bob"):
+            conn.execute(sql.SQL("CREATE SCHEMA {} AUTHORIZATION {}").format(sql.Identifier(role),
+                                                                             sql.Identifier(role)))
+            conn.execute(sql.SQL("CREATE PROCEDURE {}.p() LANGUAGE sql AS 'SELECT 1'").format(sql.Identifier(role)))
+            with psycopg.connect(make_conninfo(db_dsn, user=role), autocommit=True) as own:
+                catalog.execute_job_ddl(own, f"CREATE JOB {role}.job_of_{role} SCHEDULE EVERY INTERVAL '1 hour' "
+                                             f"RUN AS {role} CALL {role}.p()")
+    (server.pgdata / "pg_hba.conf").write_text("local all all scram-sha-256\n")
+    with psycopg.connect(super_dsn, autocommit=True) as su:
+        su.execute("SELECT pg_reload_conf()")
+    daemon = Serve(tmp_path, "--http-auth", "postgres",
+                   env={"RADIXJOBS_DSN": make_conninfo(db_dsn, password="operator-pw")}, name="pgauth")
+    try:
+        assert _login(daemon.url, "alice", "wrong")[0] == 401
+        assert _login(daemon.url, "nobody", "x")[0] == 401
+        status, alice = _login(daemon.url, "alice", "alice-pw")
+        assert status == 303
+        _, _, body = request(daemon.url + "/jobs", headers={"Cookie": alice})
+        assert "alice.job_of_alice" in body
+        assert "bob.job_of_bob" not in body
+        assert "role alice" in body
+        csrf = re.search(r'name="csrf" value="([^"]+)"', body)
+        assert csrf
+        form = urlencode({"action": "disable", "db": "console", "target": "bob.job_of_bob", "csrf": csrf[1],
+                          "back": "/jobs"}).encode()
+        status, _, _ = request(daemon.url + "/action", "POST", {"Cookie": alice, "Content-Type":
+                               "application/x-www-form-urlencoded"}, form)
+        assert status == 303
+        _, _, body = request(daemon.url + "/jobs", headers={"Cookie": alice})
+        assert "refused:" in body
+        status, bob = _login(daemon.url, "bob", "bob-pw")
+        _, _, body = request(daemon.url + "/jobs", headers={"Cookie": bob})
+        assert "bob.job_of_bob" in body
+        assert "alice.job_of_alice" not in body
+        with psycopg.connect(make_conninfo(db_dsn, password="operator-pw"),
+                             autocommit=True) as conn:
+            enabled = conn.execute("SELECT enabled FROM radix.jobs WHERE job_name = 'job_of_bob'").fetchone()
+        assert enabled == (True,)
+        assert request(daemon.url + "/jobs", headers={"Authorization": "Bearer anything"})[0] == 401
+    finally:
+        daemon.stop()
