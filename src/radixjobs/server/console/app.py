@@ -76,6 +76,7 @@ class Console:
             default=True, default_for_string=True), trim_blocks=True, lstrip_blocks=True)
         self.env.globals.update(iso=present.iso, relative=present.relative, seconds=present.seconds,
                                 outcome_class=present.outcome_class, schedule_words=present.schedule_words)
+        self.env.filters["pretty"] = present.pretty
 
     # -- plumbing -----------------------------------------------------------------------------------
     def databases(self) -> list[str]:

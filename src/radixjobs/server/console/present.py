@@ -7,6 +7,7 @@ here, so the page needs no script to show them and the browser fetches nothing e
 from __future__ import annotations
 
 import datetime as dt
+import json
 import math
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -15,6 +16,11 @@ UNITS = (("day", 86_400), ("hour", 3_600), ("minute", 60), ("second", 1))
 OUTCOME_CLASS = {"succeeded": "ok", "running": "run", "completed": "ok", "failed": "bad", "lease_lost": "bad",
                  "released": "warn", "retry": "warn", "skipped": "muted"}
 WINDOWS = {"10m": 600, "1h": 3600, "6h": 6 * 3600, "24h": 86_400, "7d": 7 * 86_400}
+
+
+def pretty(value: Any, indent: int | None = 2) -> str:
+    """JSON for a person (the template escapes it like any text)."""
+    return json.dumps(value, indent=indent, ensure_ascii=False, sort_keys=True, default=str)
 
 
 def outcome_class(status: str | None) -> str:
