@@ -8,6 +8,7 @@ Screenshots of every page go to the test's folder (and to RADIXJOBS_CONSOLE_SHOT
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,7 +21,7 @@ from radixjobs.documents import store
 from radixjobs.sqlscript import split_script
 from tests.acceptance.serving import Serve
 from tests.apps import App
-from tests.console.support import CONSOLE_SQL, TOKEN, chromium, serve_console
+from tests.console.support import CONSOLE_SQL, TOKEN, chromium, request, serve_console
 from tests.support import wait_for
 
 
@@ -161,3 +162,21 @@ def _document(app: App) -> None:
                                      "INTERVAL": "NOW() + INTERVAL '1 hour'", "RUN_AS": app.principal,
                                      "FIRST_RUN": "2025-01-01T00:00:00"}}
     store.apply(app.conn, doc)
+
+
+def test_generated_token_is_printed_once_and_logs_in(app: App, tmp_path: Path) -> None:
+    """Without --http-token the daemon prints the console URL with a random token, once, and never logs it."""
+    daemon = Serve(tmp_path, env={"RADIXJOBS_DSN": app.dsn}, name="generated")
+    try:
+        text = wait_for(lambda: "console: " in daemon.log.read_text() and daemon.log.read_text(), timeout=30)
+        match = re.search(r"console: (http://127\.0\.0\.1:\d+/login\?token=([\w-]+))", text)
+        assert match, text[-2000:]
+        assert len(match[2]) >= 32
+        assert text.count(match[2]) == 1
+        status, headers, _ = request(match[1])
+        assert status == 303
+        cookie = headers["set-cookie"].split(";")[0]
+        assert request(daemon.url + "/jobs", headers={"Cookie": cookie})[0] == 200
+        assert request(daemon.url + "/login?token=wrong-token-guess")[0] == 401
+    finally:
+        daemon.stop()
