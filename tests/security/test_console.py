@@ -113,6 +113,12 @@ def test_actions_need_the_csrf_token_and_the_same_origin(app: App, daemon: Serve
     assert _enabled(app)
     assert act(csrf, Origin=origin, **{"Sec-Fetch-Site": "same-origin"}) == 303
     assert not _enabled(app)
+    for back in ("//evil.example/x", "/\\evil.example", "http://evil.example"):  # never a redirect elsewhere
+        form = urlencode({"action": "enable", "db": db, "target": "app.tick", "csrf": csrf, "back": back}).encode()
+        status, headers, _ = request(daemon.url + "/action", "POST", {
+            "Cookie": cookie, "Content-Type": "application/x-www-form-urlencoded"}, form)
+        assert status == 303
+        assert headers["location"] == "/jobs"
     status, _, _ = request(daemon.url + "/login", "POST", {"Content-Type": "application/x-www-form-urlencoded",
                                                            "Origin": "http://evil.example"},
                            urlencode({"token": TOKEN}).encode())

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import re
 from collections.abc import Awaitable, Callable
 from functools import partial
 from pathlib import Path
@@ -61,6 +62,14 @@ async def read_form(request: Request) -> dict[str, str]:
     except ValueError:  # too many fields
         return {}
     return {k: v[0] for k, v in fields.items()}
+
+
+SAFE_BACK = re.compile(r"/(?![/\\])[\w/.%?=&-]*")
+
+
+def safe_back(value: str) -> str:
+    """Where to return after an action: a path of this site only (never "//host" or "/\\host")."""
+    return value if SAFE_BACK.fullmatch(value) else "/jobs"
 
 
 def _now() -> dt.datetime:
@@ -304,8 +313,7 @@ class Console:
         if action not in ACTIONS or database not in self.daemon.owners or not target:
             return PlainTextResponse("unknown action", status_code=400)
         return self.render(request, session, "confirm.html", page="jobs", action=action, db=database,
-                           target=target, back=back if back.startswith("/") and not back.startswith("//")
-                           else "/jobs", question=ACTIONS[action].format(target=target))
+                           target=target, back=safe_back(back), question=ACTIONS[action].format(target=target))
 
     async def act(self, request: Request, session: Session) -> Response:
         form = await read_form(request)
@@ -329,9 +337,7 @@ class Console:
         if self.auth.sessions.get(session.sid) is None:  # bearer: no page to come back to
             return PlainTextResponse(message, status_code=200 if ok else 409)
         session.flash = ("done: " if ok else "refused: ") + message
-        if not (back.startswith("/") and not back.startswith("//")):
-            back = "/jobs"
-        return RedirectResponse(back, status_code=303)
+        return RedirectResponse(safe_back(back), status_code=303)
 
     # -- routes -----------------------------------------------------------------------------------------
     def routes(self) -> list[BaseRoute]:
