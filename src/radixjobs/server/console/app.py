@@ -72,6 +72,13 @@ def safe_back(value: str) -> str:
     return value if SAFE_BACK.fullmatch(value) else "/jobs"
 
 
+def _number(value: str | None, default: int, maximum: int) -> int:
+    """A positive integer query parameter, clamped; anything else is the default."""
+    if value is None or not value.isascii() or not value.isdigit() or len(value) > 19:
+        return default
+    return max(1, min(maximum, int(value)))
+
+
 def _now() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
 
@@ -214,20 +221,17 @@ class Console:
         chosen = params.get("db") or None
         state = params.get("state") or None
         text = (params.get("q") or "").strip()[:200] or None
-        page = max(1, min(100_000, int(params["page"]) if params.get("page", "").isdigit() else 1))
+        page = _number(params.get("page"), 1, 100_000)
         offset = (page - 1) * PAGE_SIZE
         rows: list[dict[str, Any]] = []
         errors: list[str] = []
         total = 0
         for name in [d for d in self.databases() if chosen in (None, d)]:
             try:
-                count = await self.run(name, session, lambda c: queries.count_items(c, state, text))
-                if count and offset < total + count and len(rows) < PAGE_SIZE:
-                    local = max(0, offset - total)
-                    want = PAGE_SIZE - len(rows)
-                    found = await self.run(name, session, partial(queries.page_items, state=state, text=text,
-                                                                  offset=local, limit=want))
-                    rows.extend({**r, "db": name} for r in found)
+                found, count = await self.run(name, session, partial(
+                    queries.page_items, state=state, text=text, offset=max(0, offset - total),
+                    limit=PAGE_SIZE - len(rows)))
+                rows.extend({**r, "db": name} for r in found)
             except (psycopg.Error, LookupError) as exc:
                 errors.append(f"{name}: {first_line(exc)}")
                 continue
@@ -249,7 +253,7 @@ class Console:
         window = window if window in present.WINDOWS else "10m"
         status = params.get("status") or None
         status = status if status in HISTORY_STATUSES else None
-        before = int(params["before"]) if params.get("before", "").isdigit() else None
+        before = _number(params.get("before"), 0, 2**62) or None
         window_s = present.WINDOWS[window]
 
         def read(conn: queries.Conn) -> dict[str, Any]:

@@ -52,7 +52,7 @@ WHERE (%(state)s::pg_catalog.text IS NULL OR state OPERATOR(pg_catalog.=) %(stat
                             pg_catalog.lower(%(text)s::pg_catalog.text)) OPERATOR(pg_catalog.>) 0)
 """
 COUNT_ITEMS = ITEMS.format(columns="pg_catalog.count(*) AS n")
-PAGE_ITEMS = ITEMS.format(columns="*") + """
+PAGE_ITEMS = ITEMS.format(columns="*, pg_catalog.count(*) OVER () AS total_count") + """
 ORDER BY name COLLATE "C", kind LIMIT %(limit)s::pg_catalog.int8 OFFSET %(offset)s::pg_catalog.int8"""
 
 JOB_STRIPS = """
@@ -119,9 +119,12 @@ def count_items(conn: Conn, state: str | None, text: str | None) -> int:
     return int(row["n"]) if row else 0
 
 
-def page_items(conn: Conn, state: str | None, text: str | None, offset: int, limit: int) -> list[Row]:
-    """One page of jobs and documents, each with its last ``STRIP`` outcomes (oldest first)."""
-    rows = conn.execute(PAGE_ITEMS, {"state": state, "text": text, "offset": offset, "limit": limit}).fetchall()
+def page_items(conn: Conn, state: str | None, text: str | None, offset: int, limit: int) -> tuple[list[Row], int]:
+    """One page of jobs and documents, each with its last ``STRIP`` outcomes (oldest first), and how many
+    match in all (one scan when the page has rows; ``limit`` 0: the count only)."""
+    rows = conn.execute(PAGE_ITEMS, {"state": state, "text": text, "offset": offset, "limit": limit}).fetchall() \
+        if limit > 0 else []
+    total = int(rows[0]["total_count"]) if rows else count_items(conn, state, text)
     strips: dict[tuple[str, str], list[str]] = {}
     for kind, query in (("job", JOB_STRIPS), ("document", DOCUMENT_STRIPS)):
         keys = [r["key"] for r in rows if r["kind"] == kind]
@@ -131,7 +134,7 @@ def page_items(conn: Conn, state: str | None, text: str | None, offset: int, lim
     for row in rows:
         row["strip"] = strips.get((row["kind"], row["key"]), [])
         row["last_outcome"] = row["strip"][-1] if row["strip"] else None
-    return rows
+    return rows, total
 
 
 def overview(conn: Conn) -> Row:
