@@ -124,7 +124,8 @@ async def start_http(daemon: Daemon, host: str, port: int, limits: HttpLimits | 
     """Serve the status endpoints in this event loop; returns the server, its task and the bound port."""
     limits = limits or http_limits(daemon)
     keep_alive = max(1, min(5, int(limits.request_timeout_s)))
-    config = uvicorn.Config(make_app(daemon, auth), host=host, port=port, log_level="warning", lifespan="off",
+    config = uvicorn.Config(SecurityHeaders(make_app(daemon, auth)),  # outermost: on a 500 too
+                            host=host, port=port, log_level="warning", lifespan="off",
                             access_log=False, http=protocol_class(limits), ws="none",
                             h11_max_incomplete_event_size=MAX_HEADER_BYTES, timeout_keep_alive=keep_alive,
                             backlog=min(limits.max_connections, BACKLOG), server_header=False)
