@@ -260,6 +260,10 @@ def run_command(opts: Options, once: bool, seconds: float | None, node_id: str |
 @click.option("--http-request-timeout", type=click.FloatRange(0.1, 3600), default=10.0, show_default=True,
               metavar="SECONDS", help="Time an HTTP client gets to send a complete request (idle and slow "
                                       "clients are disconnected after it).")
+@click.option("--http-auth", type=click.Choice(["token", "postgres"]), default="token", show_default=True,
+              help="Console login: a token, or a PostgreSQL role and password (docs/console.md).")
+@click.option("--http-token", envvar="RADIXJOBS_HTTP_TOKEN", default=None, metavar="TOKEN",
+              help="The console's token (env RADIXJOBS_HTTP_TOKEN) [default: a random one, printed at start].")
 @click.option("--all-databases", is_flag=True, help="Serve every ready database of the cluster.")
 @click.option("--node-id", default=None, help="This node's id (default host:pid).")
 @click.option("--concurrency", default=32, show_default=True, type=click.IntRange(1, 1024),
@@ -280,7 +284,7 @@ def run_command(opts: Options, once: bool, seconds: float | None, node_id: str |
                    "points); who may use it is granted in the database (radixjobs docs grant-service).")
 @common_options
 def serve_command(opts: Options, http: str, http_max_connections: int | None, http_request_timeout: float,
-                  all_databases: bool, node_id: str | None, concurrency: int,
+                  http_auth: str, http_token: str | None, all_databases: bool, node_id: str | None, concurrency: int,
                   per_database_concurrency: int, max_per_principal: int | None, grace: float, poll: float,
                   discovery_interval: float, log_format: str, demo: bool, services: tuple[str, ...]) -> None:
     """Run the scheduler daemon until SIGINT/SIGTERM."""
@@ -312,11 +316,26 @@ def serve_command(opts: Options, http: str, http_max_connections: int | None, ht
                               grace_s=grace, poll_s=poll, discovery_s=discovery_interval, services=allowed)
         if node_id:
             config.node_id = node_id
-        asyncio.run(_serve(Daemon(config), address, demo, http_max_connections, http_request_timeout))
+        auth = _console_auth(target.dsn, http_auth, http_token)
+        asyncio.run(_serve(Daemon(config), address, demo, http_max_connections, http_request_timeout, auth))
+
+
+def _console_auth(dsn: str, mode: str, token: str | None) -> Any:
+    from radixjobs.server.console import ConsoleAuth
+    from radixjobs.server.console.auth import refuse_passwordless
+
+    if mode == "postgres":
+        if token:
+            raise click.BadParameter("a token is for --http-auth token", param_hint="--http-token")
+        refuse_passwordless(dsn)
+        return ConsoleAuth("postgres")
+    if token is not None and len(token) < 16:
+        raise click.BadParameter("the console token must be at least 16 characters", param_hint="--http-token")
+    return ConsoleAuth("token", token)
 
 
 async def _serve(daemon: Any, address: tuple[str, int] | None, demo: bool, max_connections: int | None,
-                 request_timeout_s: float) -> None:
+                 request_timeout_s: float, auth: Any = None) -> None:
     from radixjobs.server.connections import raise_nofile_limit
     from radixjobs.server.http import http_limits, start_http
 
@@ -324,7 +343,7 @@ async def _serve(daemon: Any, address: tuple[str, int] | None, demo: bool, max_c
     http_server = None
     if address is not None:
         limits = http_limits(daemon, max_connections, request_timeout_s)
-        http_server, http_task, port = await start_http(daemon, *address, limits)
+        http_server, http_task, port = await start_http(daemon, *address, limits, auth)
         base = f"http://{address[0]}:{port}"
         logging.getLogger("radixjobs.server").info(
             "status %s/status metrics %s/metrics health %s/healthz node=%s http_max_connections=%s "
@@ -333,6 +352,11 @@ async def _serve(daemon: Any, address: tuple[str, int] | None, demo: bool, max_c
                                                         "http_max_connections": limits.max_connections}})
         click.echo(f"radixjobs serving (node {daemon.config.node_id}); status: {base}/status, "
                    f"metrics: {base}/metrics", err=True)
+        if auth is not None and auth.mode == "token" and auth.generated:  # shown once, never logged
+            click.echo(f"console: {base}/login?token={auth.token}", err=True)
+        else:
+            how = "a PostgreSQL role" if auth is not None and auth.mode == "postgres" else "your token"
+            click.echo(f"console: {base}/ (log in with {how})", err=True)
     else:
         raise_nofile_limit()
     if demo:

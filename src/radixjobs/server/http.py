@@ -1,4 +1,4 @@
-"""HTTP status of a daemon: /status (JSON), /metrics (Prometheus text), /healthz."""
+"""HTTP of a daemon: /status (JSON), /metrics (Prometheus text), /healthz, and the console at / (console/)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
@@ -28,6 +29,8 @@ from radixjobs.server.connections import (
     raise_nofile_limit,
     scheduler_reserve,
 )
+from radixjobs.server.console import ConsoleAuth, SecurityHeaders
+from radixjobs.server.console.app import Console
 from radixjobs.server.daemon import Daemon
 
 log = logging.getLogger("radixjobs.server")
@@ -76,7 +79,8 @@ class DaemonCollector(Collector):
         yield uptime
 
 
-def make_app(daemon: Daemon) -> Starlette:
+def make_app(daemon: Daemon, auth: ConsoleAuth | None = None) -> Starlette:
+    """The endpoints and the console (``auth``: its access; default a token mode with a random token)."""
     registry = CollectorRegistry(auto_describe=True)
     registry.register(DaemonCollector(daemon))
 
@@ -90,7 +94,9 @@ def make_app(daemon: Daemon) -> Starlette:
         healthy = not daemon.stopping.is_set()
         return PlainTextResponse("ok" if healthy else "stopping", status_code=200 if healthy else 503)
 
-    return Starlette(routes=[Route("/status", status), Route("/metrics", metrics), Route("/healthz", healthz)])
+    console = Console(daemon, auth or ConsoleAuth())
+    return Starlette(routes=[Route("/status", status), Route("/metrics", metrics), Route("/healthz", healthz),
+                             *console.routes()], middleware=[Middleware(SecurityHeaders)])
 
 
 def parse_http(value: str) -> tuple[str, int] | None:
@@ -114,11 +120,12 @@ def http_limits(daemon: Daemon, max_connections: int | None = None,
 
 
 async def start_http(daemon: Daemon, host: str, port: int, limits: HttpLimits | None = None,
-                     ) -> tuple[uvicorn.Server, asyncio.Task[None], int]:
+                     auth: ConsoleAuth | None = None) -> tuple[uvicorn.Server, asyncio.Task[None], int]:
     """Serve the status endpoints in this event loop; returns the server, its task and the bound port."""
     limits = limits or http_limits(daemon)
     keep_alive = max(1, min(5, int(limits.request_timeout_s)))
-    config = uvicorn.Config(make_app(daemon), host=host, port=port, log_level="warning", lifespan="off",
+    config = uvicorn.Config(SecurityHeaders(make_app(daemon, auth)),  # outermost: on a 500 too
+                            host=host, port=port, log_level="warning", lifespan="off",
                             access_log=False, http=protocol_class(limits), ws="none",
                             h11_max_incomplete_event_size=MAX_HEADER_BYTES, timeout_keep_alive=keep_alive,
                             backlog=min(limits.max_connections, BACKLOG), server_header=False)

@@ -1,0 +1,165 @@
+"""Who is looking at the console: the token or PostgreSQL login, sessions, CSRF, the passwordless check.
+
+Invariants:
+- A request is authenticated by exactly one of: ``Authorization: Bearer TOKEN`` (token mode; scripts, never
+  sent by a browser on its own, so no CSRF token is needed), or the session cookie (HttpOnly,
+  SameSite=Strict, a random id; the session itself stays in this process's memory).
+- Every state-changing request from a session carries the session's CSRF token (compared in constant
+  time) and, when the browser says where it comes from (Origin, Sec-Fetch-Site), comes from this origin.
+- In postgres mode a session keeps the role and its password in memory only, to connect as that role;
+  the connection demands that the server asked for a password (libpq ``require_auth``), reads no password
+  file, and offers no client certificate, so nothing but the password typed in logs the role in.
+- Sessions are bounded in number and idle time: a flood of logins evicts the oldest, never grows memory.
+"""
+
+from __future__ import annotations
+
+import hmac
+import secrets
+import time
+from dataclasses import dataclass, field
+from typing import Literal
+
+import psycopg
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from starlette.requests import Request
+
+from radixjobs.db import first_line, scheduler_dsn
+from radixjobs.errors import ConfigError
+
+COOKIE = "radixjobs_console"
+MAX_SESSIONS = 256
+IDLE_S = 8 * 3600
+STATEMENT_TIMEOUT_MS = 5000
+CONNECT_TIMEOUT_S = 5
+PASSWORD_METHODS = "password,md5,scram-sha-256"  # noqa: S105 (libpq require_auth methods)
+
+AuthMode = Literal["token", "postgres"]
+
+
+@dataclass
+class Session:
+    sid: str
+    csrf: str
+    role: str | None = None  # postgres mode: the logged-in role
+    password: str | None = field(default=None, repr=False)
+    last_seen: float = field(default_factory=time.monotonic)
+    flash: str | None = None
+
+
+class ConsoleAuth:
+    """The console's access model and its sessions."""
+
+    def __init__(self, mode: AuthMode = "token", token: str | None = None):
+        self.mode: AuthMode = mode
+        self.generated = token is None  # printed once at start (the operator was not told it otherwise)
+        self.token = token or secrets.token_urlsafe(32)
+        self.sessions: dict[str, Session] = {}
+
+    # -- tokens and sessions ------------------------------------------------------------------------
+    def token_ok(self, given: str) -> bool:
+        return self.mode == "token" and hmac.compare_digest(given.encode(), self.token.encode())
+
+    def new_session(self, role: str | None = None, password: str | None = None) -> Session:
+        self._expire()
+        while len(self.sessions) >= MAX_SESSIONS:
+            oldest = min(self.sessions.values(), key=lambda s: s.last_seen)
+            del self.sessions[oldest.sid]
+        session = Session(secrets.token_urlsafe(32), secrets.token_urlsafe(32), role, password)
+        self.sessions[session.sid] = session
+        return session
+
+    def end(self, session: Session) -> None:
+        self.sessions.pop(session.sid, None)
+
+    def _expire(self) -> None:
+        now = time.monotonic()
+        for sid in [s.sid for s in self.sessions.values() if now - s.last_seen > IDLE_S]:
+            del self.sessions[sid]
+
+    def session_of(self, request: Request) -> Session | None:
+        """The request's session (cookie), or a transient one for a valid bearer token; None: anonymous."""
+        header = request.headers.get("authorization", "")
+        if header[:7].lower() == "bearer ":
+            if self.token_ok(header[7:].strip()):
+                return Session("bearer", "")
+            return None
+        sid = request.cookies.get(COOKIE, "")
+        session = self.sessions.get(sid)
+        if session is None:
+            return None
+        if time.monotonic() - session.last_seen > IDLE_S:
+            self.end(session)
+            return None
+        session.last_seen = time.monotonic()
+        return session
+
+    # -- CSRF ---------------------------------------------------------------------------------------
+    @staticmethod
+    def same_origin(request: Request) -> bool:
+        """False when the browser says the request comes from another site."""
+        site = request.headers.get("sec-fetch-site")
+        if site is not None and site not in ("same-origin", "none"):
+            return False
+        origin = request.headers.get("origin")
+        if origin is None:  # not a browser, or one that does not say: the CSRF token still decides
+            return True
+        host = request.headers.get("host", "")
+        return origin in (f"http://{host}", f"https://{host}")
+
+    def csrf_ok(self, request: Request, session: Session, given: str) -> bool:
+        if session.sid == "bearer":
+            return True
+        return self.same_origin(request) and hmac.compare_digest(given.encode(), session.csrf.encode())
+
+
+# -- connections -------------------------------------------------------------------------------------
+def bounded_dsn(dsn: str) -> str:
+    """``dsn`` with a statement and lock timeout and the pinned search_path (client options outrank a
+    role's and a database's defaults)."""
+    params = conninfo_to_dict(dsn)
+    options = str(params.get("options") or "")
+    bounds = f"-c statement_timeout={STATEMENT_TIMEOUT_MS} -c lock_timeout={STATEMENT_TIMEOUT_MS}"
+    params["options"] = f"{options} {bounds}".strip()
+    params["connect_timeout"] = str(CONNECT_TIMEOUT_S)
+    return scheduler_dsn(make_conninfo(**params))  # type: ignore[arg-type]
+
+
+def role_dsn(dsn: str, role: str, password: str) -> str:
+    """The daemon's DSN logged in as ``role`` with ``password`` only: no password file, no client
+    certificate, no Kerberos, and the server must ask for the password."""
+    params = {k: v for k, v in conninfo_to_dict(dsn).items()
+              if k not in ("password", "passfile", "sslcert", "sslkey", "sslpassword", "service")}
+    params.update(user=role, password=password, passfile="/nonexistent/radixjobs-no-passfile",
+                  require_auth=PASSWORD_METHODS, gssencmode="disable", sslcertmode="disable")
+    return bounded_dsn(make_conninfo(**params))  # type: ignore[arg-type]
+
+
+def check_password_login(dsn: str, role: str, password: str) -> str | None:
+    """Log in as ``role`` with ``password`` once; None on success, else a one-line reason."""
+    try:
+        with psycopg.connect(role_dsn(dsn, role, password), autocommit=True):
+            return None
+    except psycopg.Error as exc:
+        text = first_line(exc)
+        if "authentication" in text or "password" in text:
+            return "login failed: wrong role or password"
+        return f"login failed: {text}"
+
+
+def refuse_passwordless(dsn: str) -> None:
+    """Raise ConfigError when the server lets the daemon's own role in with a wrong password (trust,
+    peer or ident authentication): postgres mode needs a server that checks passwords."""
+    params = conninfo_to_dict(dsn)
+    user = str(params.get("user") or "")
+    probe = {k: v for k, v in params.items() if k not in ("password", "passfile", "sslcert", "sslkey")}
+    probe.update(password=secrets.token_urlsafe(16), passfile="/nonexistent/radixjobs-no-passfile",
+                 connect_timeout=str(CONNECT_TIMEOUT_S))
+    try:
+        with psycopg.connect(make_conninfo(**probe), autocommit=True):  # type: ignore[arg-type]
+            pass
+    except psycopg.Error:
+        return
+    raise ConfigError(f"--http-auth postgres needs a server that checks passwords, but this one let role "
+                      f"{user or '(default)'} in with a wrong password (trust, peer or ident "
+                      f"authentication): configure password authentication or use --http-auth token")

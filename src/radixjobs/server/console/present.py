@@ -1,0 +1,139 @@
+"""Turning rows into what the pages show: schedules in words, outcome classes, SVG chart geometry.
+
+Pure functions of their arguments (no I/O). Charts are drawn by the templates from the shapes built
+here, so the page needs no script to show them and the browser fetches nothing else.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+UNITS = (("day", 86_400), ("hour", 3_600), ("minute", 60), ("second", 1))
+OUTCOME_CLASS = {"succeeded": "ok", "running": "run", "completed": "ok", "failed": "bad", "lease_lost": "bad",
+                 "released": "warn", "retry": "warn", "skipped": "muted"}
+WINDOWS = {"10m": 600, "1h": 3600, "6h": 6 * 3600, "24h": 86_400, "7d": 7 * 86_400}
+
+
+def pretty(value: Any, indent: int | None = 2) -> str:
+    """JSON for a person (the template escapes it like any text)."""
+    return json.dumps(value, indent=indent, ensure_ascii=False, sort_keys=True, default=str)
+
+
+def outcome_class(status: str | None) -> str:
+    return OUTCOME_CLASS.get(status or "", "muted")
+
+
+def plural(n: float, unit: str) -> str:
+    value = f"{n:g}"
+    return f"{value} {unit}" if value == "1" else f"{value} {unit}s"
+
+
+def duration_words(seconds: float) -> str:
+    for unit, size in UNITS:
+        if seconds >= size and seconds % size == 0:
+            return plural(seconds / size, unit)
+    return plural(round(seconds, 3), "second")
+
+
+def schedule_words(row: dict[str, Any]) -> str:
+    """A job's schedule as a person says it: "every 5 seconds", "once at …", "cron '0 * * * *' (UTC)"."""
+    kind = row.get("schedule_kind")
+    if kind == "every" and row.get("interval_ns"):
+        return f"every {duration_words(row['interval_ns'] / 1e9)}".replace("every 1 ", "every ")
+    if kind == "at" and row.get("at_ns") is not None:
+        return f"once at {iso(dt.datetime.fromtimestamp(row['at_ns'] / 1e9, dt.UTC))}"
+    if kind == "cron":
+        return f"cron '{row.get('cron_expression')}' ({row.get('cron_time_zone') or 'UTC'})"
+    if kind == "document":
+        return f"document: {row.get('schedule_text') or 'once'}"
+    return str(row.get("schedule_text") or row.get("schedule") or "")
+
+
+def iso(value: dt.datetime | None) -> str:
+    return "" if value is None else value.astimezone(dt.UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def relative(value: dt.datetime | None, now: dt.datetime) -> str:
+    """"in 4 s", "3 min ago": the server's first rendering (the page's script keeps it current)."""
+    if value is None:
+        return ""
+    delta = (value - now).total_seconds()
+    size = abs(delta)
+    text = (f"{size:.0f} s" if size < 90 else f"{size / 60:.0f} min" if size < 5400
+            else f"{size / 3600:.0f} h" if size < 172_800 else f"{size / 86_400:.0f} d")
+    return f"in {text}" if delta >= 0 else f"{text} ago"
+
+
+def seconds(value: float | None) -> str:
+    if value is None:
+        return ""
+    return f"{value * 1000:.0f} ms" if abs(value) < 1 else f"{value:.1f} s" if abs(value) < 120 else \
+        f"{value / 60:.1f} min"
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """Nearest-rank percentile of ``values`` (None when empty)."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
+
+
+def lateness_chart(recent: Iterable[dict[str, Any]], now: dt.datetime, width: int = 600, height: int = 120,
+                   buckets: int = 12) -> dict[str, Any]:
+    """p50/p99 lateness of first attempts per 5-minute bucket of the last hour, as SVG polylines."""
+    span = 3600 / buckets
+    groups: list[list[float]] = [[] for _ in range(buckets)]
+    for row in recent:
+        if row["attempt"] != 1 or row["lateness_s"] is None:
+            continue
+        age = (now - row["started_at"]).total_seconds()
+        index = buckets - 1 - int(age // span)
+        if 0 <= index < buckets:
+            groups[index].append(max(0.0, float(row["lateness_s"])))
+    p50 = [percentile(g, 0.5) for g in groups]
+    p99 = [percentile(g, 0.99) for g in groups]
+    top = max([v for v in p99 if v is not None] or [0.0]) or 1.0
+    step = width / (buckets - 1)
+
+    def points(series: list[float | None]) -> str:
+        return " ".join(f"{i * step:.1f},{height - v / top * (height - 10):.1f}"
+                        for i, v in enumerate(series) if v is not None)
+
+    every = [v for g in groups for v in g]
+    return {"width": width, "height": height, "p50": points(p50), "p99": points(p99), "top": seconds(top),
+            "p50_all": seconds(percentile(every, 0.5)), "p99_all": seconds(percentile(every, 0.99)),
+            "samples": len(every)}
+
+
+def timeline(rows: Sequence[dict[str, Any]], now: dt.datetime, window_s: int, width: int = 900,
+             height: int = 160) -> dict[str, Any]:
+    """Attempts of a window as SVG shapes: a bar per attempt from its start for its duration (top band,
+    one lane per attempt number), and its lateness as a dot (bottom band)."""
+    start = now - dt.timedelta(seconds=window_s)
+    scale = width / window_s
+    band = height * 0.55
+    late_top = max([float(r["lateness_s"] or 0) for r in rows] or [0.0]) or 1.0
+    bars, dots = [], []
+    for row in rows:
+        x = (row["started_at"] - start).total_seconds() * scale
+        if x < 0 or x > width:
+            continue
+        finished = row["finished_at"] or now
+        w = max(2.0, (finished - row["started_at"]).total_seconds() * scale)
+        lane = min(3, max(0, int(row["attempt"] or 1) - 1))
+        title = (f"{iso(row['started_at'])} attempt {row['attempt']} {row['status']} "
+                 f"took {seconds(row['duration_s'])}, late {seconds(row['lateness_s'])}")
+        bars.append({"x": f"{x:.1f}", "y": f"{8 + lane * 18}", "w": f"{min(w, width - x):.1f}",
+                     "cls": outcome_class(row["status"]), "title": title})
+        lateness = max(0.0, float(row["lateness_s"] or 0))
+        dots.append({"x": f"{x:.1f}", "y": f"{height - 4 - lateness / late_top * (height - band - 12):.1f}",
+                     "cls": outcome_class(row["status"]), "title": title})
+    ticks = [{"x": f"{i * width / 6:.1f}", "at": iso(start + dt.timedelta(seconds=i * window_s / 6))}
+             for i in range(7)]
+    return {"width": width, "height": height, "band": f"{band:.1f}", "bars": bars, "dots": dots,
+            "ticks": ticks, "late_top": seconds(late_top)}
