@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from collections.abc import Sequence
 from functools import cache
 from importlib import resources
 from typing import Any
@@ -41,6 +42,14 @@ WHERE l.granted AND l.pid OPERATOR(pg_catalog.<>) pg_catalog.pg_backend_pid()
   AND c.relnamespace OPERATOR(pg_catalog.=) pg_catalog.to_regnamespace('radix')
 ORDER BY 1 LIMIT 5
 """
+# Is radix there; does radix.schema_version() exist; may this role read the ledger itself?
+VERSION_PROBE = (
+    "SELECT pg_catalog.to_regclass('radix.schema_migrations') IS NOT NULL, "
+    "pg_catalog.to_regprocedure('radix.schema_version()') IS NOT NULL, "
+    "CASE WHEN pg_catalog.to_regclass('radix.schema_migrations') IS NOT NULL "
+    "THEN pg_catalog.has_table_privilege('radix.schema_migrations', 'SELECT') END")
+# A schema older than 0009 read by a role that may not read its ledger: older than any code that asks.
+VERSION_UNKNOWN = 0
 _NAME = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
 
 
@@ -76,13 +85,29 @@ def code_version() -> int:
 
 
 def installed_version(conn: psycopg.Connection[Any]) -> int | None:
-    """The database's schema version, or None when radixjobs was never installed there."""
+    """The database's schema version, or None when radixjobs was never installed there.
+
+    Any role may ask: radix.schema_version() (0009 on) reads the ledger for it. Before 0009 only the ledger
+    exists; a role that may not read it learns only that the schema is older than 0009 (VERSION_UNKNOWN).
+    """
     # qualified: the connection may be the user's own (``radixjobs sql``), with the user's search_path
-    row = conn.execute("SELECT pg_catalog.to_regclass('radix.schema_migrations') IS NOT NULL").fetchone()
-    if not row or not row[0]:
+    probe = conn.execute(VERSION_PROBE).fetchone()
+    if not probe or not probe[0]:
         return None
-    row = conn.execute("SELECT pg_catalog.max(version) FROM radix.schema_migrations").fetchone()
+    query = version_query(probe)
+    if query is None:
+        return VERSION_UNKNOWN
+    row = conn.execute(query).fetchone()
     return int(row[0]) if row and row[0] is not None else None
+
+
+def version_query(probe: Sequence[Any]) -> str | None:
+    """The query that reads the version, given VERSION_PROBE's row (radix installed); None: none may."""
+    if probe[1]:
+        return "SELECT radix.schema_version()"
+    if probe[2]:
+        return "SELECT pg_catalog.max(version) FROM radix.schema_migrations"
+    return None
 
 
 def install(conn: psycopg.Connection[Any], *, from_schema: bool = True) -> list[Migration]:
@@ -97,6 +122,9 @@ def install(conn: psycopg.Connection[Any], *, from_schema: bool = True) -> list[
             conn.execute("SELECT FROM radix.migration_lock FOR UPDATE")
             current = installed_version(conn)
             _refuse_newer(current)
+            if current == VERSION_UNKNOWN:
+                raise SchemaError(f"role {conn.info.user!r} may not read the radix schema's version in database "
+                                  f"{conn.info.dbname!r}: install as the role that installed radixjobs")
             missing = [m for m in migrations() if current is None or m.version > current]
             if current is None and from_schema:
                 conn.execute(read_sql("schema.sql"))
@@ -167,5 +195,6 @@ def check_ready(conn: psycopg.Connection[Any]) -> None:
         raise SchemaError(f"radixjobs is not installed in database {conn.info.dbname!r}: "
                           "run `radixjobs install`")
     if current < code_version():
-        raise SchemaError(f"the radix schema in database {conn.info.dbname!r} is at version {current}, "
+        at = "an older version" if current == VERSION_UNKNOWN else f"version {current}"
+        raise SchemaError(f"the radix schema in database {conn.info.dbname!r} is at {at}, "
                           f"this radixjobs needs {code_version()}: run `radixjobs install`")
