@@ -14,8 +14,8 @@ notification queue is half full (a full queue would fail the COMMIT).
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from collections.abc import Sequence
+from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 from typing import Any
