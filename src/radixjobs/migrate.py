@@ -124,7 +124,7 @@ def install(conn: psycopg.Connection[Any], *, from_schema: bool = True) -> list[
             _refuse_newer(current)
             if current == VERSION_UNKNOWN:
                 raise SchemaError(f"role {conn.info.user!r} may not read the radix schema's version in database "
-                                  f"{conn.info.dbname!r}: install as the role that installed radixjobs")
+                                  f"{conn.info.dbname!r}: run `radixjobs install` as the role that owns schema radix")
             missing = [m for m in migrations() if current is None or m.version > current]
             if current is None and from_schema:
                 conn.execute(read_sql("schema.sql"))
@@ -140,6 +140,10 @@ def install(conn: psycopg.Connection[Any], *, from_schema: bool = True) -> list[
                              "%s::pg_catalog.float8", (str(code_version()), NOTIFY_QUEUE_LIMIT))
     except errors.LockNotAvailable:
         raise SchemaError(_lock_timeout_message(conn)) from None
+    except errors.InsufficientPrivilege as exc:
+        raise SchemaError(f"role {conn.info.user!r} may not install or upgrade radixjobs in database "
+                          f"{conn.info.dbname!r} ({exc.diag.message_primary}): run `radixjobs install` as the "
+                          "role that owns schema radix") from None
     return missing
 
 

@@ -17,6 +17,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
+from radixjobs import migrate
 from tests.acceptance.conftest import run_cli
 from tests.support import PgCluster
 
@@ -110,6 +111,10 @@ def test_a_stranger_sees_nothing(tenants: dict[str, Any]) -> None:
         assert refused.returncode == 1
         assert "does not exist (or is not visible to this role)" in refused.stderr
     assert stranger.json("sql", "-c", "SELECT count(*) AS n FROM radix.node_overview") == [{"n": 0}]
+    refused = stranger("install")
+    assert refused.returncode == 1
+    assert f"role '{tenants['stranger']}' may not install or upgrade radixjobs" in refused.stderr
+    assert len(refused.stderr.strip().splitlines()) == 1
 
 
 def test_a_radix_admin_member_sees_everything_and_changes_nothing(
@@ -218,3 +223,17 @@ def test_history_reads_as_a_table_and_filters(tenants: dict[str, Any], conn: psy
         assert where in refused.stderr
         assert "Traceback" not in refused.stderr
         assert len([line for line in refused.stderr.splitlines() if line.strip()]) <= 3  # click's usage + error
+
+
+def test_a_schema_older_than_the_version_function_says_so_to_any_role(
+        pg: PgCluster, db: str, dbname: str, conn: psycopg.Connection[Any], roles: Any) -> None:
+    """Before 0009 only the ledger holds the version, and only its owner reads it: another role is told
+    the schema is older than this radixjobs needs (not `permission denied`)."""
+    conn.execute("DROP FUNCTION radix.schema_version() CASCADE")
+    conn.execute("DELETE FROM radix.schema_migrations WHERE version >= %s", (migrate.code_version(),))
+    done = As(pg, dbname, roles("someone"))("jobs", "list")
+    assert done.returncode == 1
+    assert "is at an older version, this radixjobs needs" in done.stderr
+    assert "Traceback" not in done.stderr
+    owner = run_cli("jobs", "list", "--dsn", db)
+    assert f"is at version {migrate.code_version() - 1}, this radixjobs needs" in owner.stderr
