@@ -7,7 +7,8 @@ Installs serialise on the row of ``radix.migration_lock`` (created by ``bootstra
 advisory key: any role can hold an advisory lock, and any role with USAGE on schema radix can hold table
 locks on its tables (PREPARE locks without a privilege), but only a privileged statement can lock a row.
 Every wait of an install is bounded (``db.lock_timeout_ms``) and ends in a one-line SchemaError naming
-the sessions holding locks on radix objects. The schema-change notification is a hint, skipped while the
+the sessions holding locks on radix objects. Any role reads the installed version through
+``radix.schema_version()`` (0009 on); the ledger itself stays the installer's. The schema-change notification is a hint, skipped while the
 notification queue is half full (a full queue would fail the COMMIT).
 """
 
