@@ -8,8 +8,9 @@ advisory key: any role can hold an advisory lock, and any role with USAGE on sch
 locks on its tables (PREPARE locks without a privilege), but only a privileged statement can lock a row.
 Every wait of an install is bounded (``db.lock_timeout_ms``) and ends in a one-line SchemaError naming
 the sessions holding locks on radix objects. Any role reads the installed version through
-``radix.schema_version()`` (0009 on); the ledger itself stays the installer's. The schema-change notification is a hint, skipped while the
-notification queue is half full (a full queue would fail the COMMIT).
+``radix.schema_version()`` (0009 on); the ledger itself stays the installer's. The schema-change
+notification is a hint, skipped while the notification queue is half full (a full queue would fail the
+COMMIT).
 """
 
 from __future__ import annotations
