@@ -237,3 +237,34 @@ def test_a_schema_older_than_the_version_function_says_so_to_any_role(
     assert "Traceback" not in done.stderr
     owner = run_cli("jobs", "list", "--dsn", db)
     assert f"is at version {migrate.code_version() - 1}, this radixjobs needs" in owner.stderr
+
+
+def test_an_installer_that_may_not_create_roles_leaves_radix_admin_to_the_operator(
+        pg: PgCluster, roles: Any) -> None:
+    """No CREATEROLE: the install goes on with a NOTICE; radix_admin created later counts at once."""
+    installer, member, tenant = roles("installer"), roles("member"), roles("tenant")
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    ident = sql.Identifier
+    with psycopg.connect(pg.dsn, autocommit=True) as c:
+        c.execute(sql.SQL("CREATE DATABASE {} OWNER {}").format(ident(name), ident(installer)))
+        c.execute("DROP ROLE IF EXISTS radix_admin")  # cluster-wide: recreated below whatever happens
+    try:
+        notices: list[str] = []
+        with psycopg.connect(pg.dsn_for(name, user=installer), autocommit=True) as c:
+            c.add_notice_handler(lambda diag: notices.append(diag.message_primary or ""))
+            migrate.install(c)
+        assert any("role radix_admin was not created" in n and "CREATE ROLE radix_admin NOLOGIN" in n
+                   for n in notices), notices
+        with psycopg.connect(pg.dsn_for(name), autocommit=True) as c:
+            assert c.execute("SELECT count(*) FROM pg_roles WHERE rolname = 'radix_admin'").fetchone() == (0,)
+            c.execute(sql.SQL("CREATE SCHEMA {} AUTHORIZATION {}").format(ident(tenant), ident(tenant)))
+            c.execute("CREATE ROLE radix_admin NOLOGIN")
+            c.execute(sql.SQL("GRANT radix_admin TO {}").format(ident(member)))
+        As(pg, name, tenant).ok("sql", "-c", f"CREATE PROCEDURE {tenant}.p() LANGUAGE sql AS 'SELECT 1'; "
+                                             f"CREATE JOB {tenant}.j SCHEDULE EVERY INTERVAL '1 hour' "
+                                             f"RUN AS {tenant} CALL {tenant}.p()")
+        assert names(As(pg, name, member).json("jobs", "list")) == {f"{tenant}.j"}
+    finally:
+        with psycopg.connect(pg.dsn, autocommit=True) as c:
+            c.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(ident(name)))
+            c.execute("DO $$ BEGIN CREATE ROLE radix_admin NOLOGIN; EXCEPTION WHEN duplicate_object THEN END $$")
