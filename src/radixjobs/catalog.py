@@ -7,6 +7,7 @@ so the checks are the database's, in one transaction per statement.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import uuid
 from collections.abc import Sequence
@@ -117,13 +118,42 @@ def get_job(conn: Conn, name: QualifiedName | str) -> dict[str, Any] | None:
             (str(name),)).fetchone()
 
 
-def job_history(conn: Conn, name: QualifiedName | str, limit: int = 50) -> list[dict[str, Any]]:
-    """The newest attempts of a job, newest first."""
+def job_history(conn: Conn, name: QualifiedName | str, limit: int = 50, *, statuses: Sequence[str] = (),
+                since: dt.datetime | None = None) -> list[dict[str, Any]]:
+    """The newest attempts of a job, newest first: those with one of ``statuses`` (all when empty) that
+    started at or after ``since`` (all when None)."""
     with conn.cursor(row_factory=dict_row) as cur:
         return cur.execute(
-            "SELECT h.* FROM radix.job_history h JOIN radix.job_overview o USING (job_id), parse_ident(%s) p "
-            "WHERE cardinality(p) = 2 AND o.schema_name = p[1] AND o.job_name = p[2] "
-            "ORDER BY h.history_id DESC LIMIT %s", (str(name), limit)).fetchall()
+            "SELECT h.* FROM radix.job_history h JOIN radix.job_overview o USING (job_id), "
+            "pg_catalog.parse_ident(%s::pg_catalog.text) p "
+            "WHERE pg_catalog.cardinality(p) OPERATOR(pg_catalog.=) 2 "
+            "AND o.schema_name OPERATOR(pg_catalog.=) p[1] AND o.job_name OPERATOR(pg_catalog.=) p[2] "
+            "AND (pg_catalog.cardinality(%s::pg_catalog.text[]) OPERATOR(pg_catalog.=) 0 "
+            "     OR h.status OPERATOR(pg_catalog.=) ANY (%s::pg_catalog.text[])) "
+            "AND (%s::pg_catalog.timestamptz IS NULL "
+            "     OR h.started_at OPERATOR(pg_catalog.>=) %s::pg_catalog.timestamptz) "
+            "ORDER BY h.history_id DESC LIMIT %s::pg_catalog.int8",
+            (str(name), list(statuses), list(statuses), since, since, limit)).fetchall()
+
+
+def resolve_since(conn: Conn, text: str) -> dt.datetime:
+    """``--since``: an ISO 8601 timestamp, or an interval before now (``1 hour``, ``30 min``), as the
+    database reads it; ValueError names the problem."""
+    try:
+        value = dt.datetime.fromisoformat(text.strip())
+    except ValueError:
+        pass
+    else:
+        return value if value.tzinfo else value.replace(tzinfo=dt.UTC)
+    try:
+        with conn.transaction():
+            row = conn.execute("SELECT pg_catalog.now() OPERATOR(pg_catalog.-) %s::pg_catalog.interval",
+                               (text,)).fetchone()
+    except psycopg.DataError:
+        row = None
+    if not row or not isinstance(row[0], dt.datetime):
+        raise ValueError(f"expected an ISO timestamp (2026-12-01T09:00:00Z) or an interval (1 hour), got {text!r}")
+    return row[0]
 
 
 def describe_arguments(arguments: list[dict[str, Any]]) -> str:

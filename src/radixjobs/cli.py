@@ -25,6 +25,7 @@ from radixjobs.config import open_target
 from radixjobs.db import connect, first_line
 from radixjobs.embedded import EmbeddedServer
 from radixjobs.errors import RadixError
+from radixjobs.model import HISTORY_STATUSES
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -199,20 +200,42 @@ def jobs_show(opts: Options, name: str) -> None:
     emit(opts, job, output.render_mapping(human))
 
 
+HISTORY_COLUMNS = ("status", "planned_at", "started_at", "duration", "attempt", "category", "message")
+
+
 @jobs_group.command("history")
 @click.argument("name")
-@click.option("--limit", default=20, show_default=True, type=click.IntRange(1, 256))
+@click.option("--limit", default=20, show_default=True, type=click.IntRange(1, 10_000),
+              help="Show at most N attempts (the newest).")
+@click.option("--status", "statuses", multiple=True, type=click.Choice(HISTORY_STATUSES),
+              help="Only attempts with this status (repeat for several).")
+@click.option("--since", default=None, metavar="WHEN",
+              help="Only attempts started at or after WHEN: an ISO timestamp (UTC unless it has an offset) "
+                   "or an interval before now, like '1 hour'.")
 @common_options
-def jobs_history(opts: Options, name: str, limit: int) -> None:
-    """The newest attempts of a job."""
+def jobs_history(opts: Options, name: str, limit: int, statuses: tuple[str, ...], since: str | None) -> None:
+    """The newest attempts of a job: status, planned and start time, duration, attempt, error category and
+    message (--json: the full records)."""
     from radixjobs import catalog
 
     with database(opts) as conn:
+        try:
+            start = catalog.resolve_since(conn, since) if since is not None else None
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--since") from None
         if catalog.get_job(conn, name) is None:
             raise RadixError(f"job {name} does not exist (or is not visible to this role)")
-        rows = catalog.job_history(conn, name, limit)
-    emit(opts, rows, output.render_records(rows, ["planned_at", "attempt", "status", "node", "started_at",
-                                                   "duration", "error"]))
+        rows = catalog.job_history(conn, name, limit, statuses=statuses, since=start)
+    emit(opts, rows, output.render_table(HISTORY_COLUMNS, [_history_row(r) for r in rows]))
+
+
+def _history_row(row: dict[str, Any]) -> list[Any]:
+    raw = row.get("error")
+    error: dict[str, Any] = raw if isinstance(raw, dict) else {}
+    message = error.get("message") or error.get("kind") or ""
+    return [row["status"], output.timestamp(row["planned_at"]), output.timestamp(row["started_at"]),
+            output.duration(row["duration"]), row["attempt"], error.get("category") or "",
+            output.one_line(message)]
 
 
 # -- run ---------------------------------------------------------------------------------------------
@@ -402,7 +425,7 @@ def status_command(opts: Options, http: str) -> None:
 
 def _database_status(conn: psycopg.Connection[Any]) -> dict[str, Any]:
     by_status = dict(conn.execute("SELECT status, count(*) FROM radix.job_overview GROUP BY status").fetchall())
-    nodes = conn.execute("SELECT count(*) FILTER (WHERE radix.node_alive(node_id)) FROM radix.nodes").fetchone()
+    nodes = conn.execute("SELECT radix.live_node_count()").fetchone()  # any role (radix.nodes is not)
     last = conn.execute("SELECT error FROM radix.job_history WHERE error IS NOT NULL "
                         "ORDER BY history_id DESC LIMIT 1").fetchone()
     return {"database": conn.info.dbname, "live_nodes": nodes[0] if nodes else 0, "jobs_by_status": by_status,

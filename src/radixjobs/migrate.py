@@ -7,13 +7,16 @@ Installs serialise on the row of ``radix.migration_lock`` (created by ``bootstra
 advisory key: any role can hold an advisory lock, and any role with USAGE on schema radix can hold table
 locks on its tables (PREPARE locks without a privilege), but only a privileged statement can lock a row.
 Every wait of an install is bounded (``db.lock_timeout_ms``) and ends in a one-line SchemaError naming
-the sessions holding locks on radix objects. The schema-change notification is a hint, skipped while the
-notification queue is half full (a full queue would fail the COMMIT).
+the sessions holding locks on radix objects. Any role reads the installed version through
+``radix.schema_version()`` (0009 on); the ledger itself stays the installer's. The schema-change
+notification is a hint, skipped while the notification queue is half full (a full queue would fail the
+COMMIT).
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
@@ -41,6 +44,14 @@ WHERE l.granted AND l.pid OPERATOR(pg_catalog.<>) pg_catalog.pg_backend_pid()
   AND c.relnamespace OPERATOR(pg_catalog.=) pg_catalog.to_regnamespace('radix')
 ORDER BY 1 LIMIT 5
 """
+# Is radix there; does radix.schema_version() exist; may this role read the ledger itself?
+VERSION_PROBE = (
+    "SELECT pg_catalog.to_regclass('radix.schema_migrations') IS NOT NULL, "
+    "pg_catalog.to_regprocedure('radix.schema_version()') IS NOT NULL, "
+    "CASE WHEN pg_catalog.to_regclass('radix.schema_migrations') IS NOT NULL "
+    "THEN pg_catalog.has_table_privilege('radix.schema_migrations', 'SELECT') END")
+# A schema older than 0009 read by a role that may not read its ledger: older than any code that asks.
+VERSION_UNKNOWN = 0
 _NAME = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
 
 
@@ -76,13 +87,29 @@ def code_version() -> int:
 
 
 def installed_version(conn: psycopg.Connection[Any]) -> int | None:
-    """The database's schema version, or None when radixjobs was never installed there."""
+    """The database's schema version, or None when radixjobs was never installed there.
+
+    Any role may ask: radix.schema_version() (0009 on) reads the ledger for it. Before 0009 only the ledger
+    exists; a role that may not read it learns only that the schema is older than 0009 (VERSION_UNKNOWN).
+    """
     # qualified: the connection may be the user's own (``radixjobs sql``), with the user's search_path
-    row = conn.execute("SELECT pg_catalog.to_regclass('radix.schema_migrations') IS NOT NULL").fetchone()
-    if not row or not row[0]:
+    probe = conn.execute(VERSION_PROBE).fetchone()
+    if not probe or not probe[0]:
         return None
-    row = conn.execute("SELECT pg_catalog.max(version) FROM radix.schema_migrations").fetchone()
+    query = version_query(probe)
+    if query is None:
+        return VERSION_UNKNOWN
+    row = conn.execute(query).fetchone()
     return int(row[0]) if row and row[0] is not None else None
+
+
+def version_query(probe: Sequence[Any]) -> str | None:
+    """The query that reads the version, given VERSION_PROBE's row (radix installed); None: none may."""
+    if probe[1]:
+        return "SELECT radix.schema_version()"
+    if probe[2]:
+        return "SELECT pg_catalog.max(version) FROM radix.schema_migrations"
+    return None
 
 
 def install(conn: psycopg.Connection[Any], *, from_schema: bool = True) -> list[Migration]:
@@ -97,6 +124,9 @@ def install(conn: psycopg.Connection[Any], *, from_schema: bool = True) -> list[
             conn.execute("SELECT FROM radix.migration_lock FOR UPDATE")
             current = installed_version(conn)
             _refuse_newer(current)
+            if current == VERSION_UNKNOWN:
+                raise SchemaError(f"role {conn.info.user!r} may not read the radix schema's version in database "
+                                  f"{conn.info.dbname!r}: run `radixjobs install` as the role that owns schema radix")
             missing = [m for m in migrations() if current is None or m.version > current]
             if current is None and from_schema:
                 conn.execute(read_sql("schema.sql"))
@@ -112,6 +142,10 @@ def install(conn: psycopg.Connection[Any], *, from_schema: bool = True) -> list[
                              "%s::pg_catalog.float8", (str(code_version()), NOTIFY_QUEUE_LIMIT))
     except errors.LockNotAvailable:
         raise SchemaError(_lock_timeout_message(conn)) from None
+    except errors.InsufficientPrivilege as exc:
+        raise SchemaError(f"role {conn.info.user!r} may not install or upgrade radixjobs in database "
+                          f"{conn.info.dbname!r} ({exc.diag.message_primary}): run `radixjobs install` as the "
+                          "role that owns schema radix") from None
     return missing
 
 
@@ -167,5 +201,6 @@ def check_ready(conn: psycopg.Connection[Any]) -> None:
         raise SchemaError(f"radixjobs is not installed in database {conn.info.dbname!r}: "
                           "run `radixjobs install`")
     if current < code_version():
-        raise SchemaError(f"the radix schema in database {conn.info.dbname!r} is at version {current}, "
+        at = "an older version" if current == VERSION_UNKNOWN else f"version {current}"
+        raise SchemaError(f"the radix schema in database {conn.info.dbname!r} is at {at}, "
                           f"this radixjobs needs {code_version()}: run `radixjobs install`")

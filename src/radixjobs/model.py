@@ -16,6 +16,10 @@ def quote_ident(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
+# The statuses an attempt has in radix.job_history.
+HISTORY_STATUSES = ("running", "succeeded", "retrying", "failed", "lease_lost", "released")
+
+
 @dataclass(frozen=True)
 class QualifiedName:
     """A schema-qualified object name, already case-folded per PostgreSQL rules."""

@@ -54,11 +54,14 @@ async def is_ready(dsn: str) -> bool:
     try:
         async with await psycopg.AsyncConnection.connect(scheduler_dsn(dsn), autocommit=True,
                                                          connect_timeout=5) as conn:
-            cur = await conn.execute("SELECT to_regclass('radix.schema_migrations') IS NOT NULL")
-            row = await cur.fetchone()
-            if not (row and row[0]):
+            cur = await conn.execute(migrate.VERSION_PROBE)
+            probe = await cur.fetchone()
+            if not (probe and probe[0]):
                 return False
-            cur = await conn.execute("SELECT max(version) FROM radix.schema_migrations")
+            query = migrate.version_query(probe)
+            if query is None:
+                return False
+            cur = await conn.execute(query)
             row = await cur.fetchone()
     except psycopg.Error:
         return False
