@@ -12,7 +12,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from radixjobs.db import scheduler_dsn
+from radixjobs.db import first_line, scheduler_dsn
 from radixjobs.documents.scheduler import DocumentScheduler
 from radixjobs.engine import Engine
 from radixjobs.engine.slots import Slots
@@ -46,6 +46,7 @@ class DatabaseOwner:
         self.connected = False
         self.last_error: str | None = None
         self.reconnects = 0
+        self.owner_errors = 0  # unexpected (non-connection) errors the owner restarted after
         self.engines_counters: list[dict[str, int]] = []  # counters of engines replaced after errors
 
     async def run(self) -> None:
@@ -62,6 +63,16 @@ class DatabaseOwner:
                             self.name, self.node_id, self.last_error, backoff)
                 await self._drop_engine()
                 self.reconnects += 1
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.stopping.wait(), backoff * (0.5 + random.random()))
+                backoff = min(backoff * 2, 10.0)
+            except Exception as exc:  # anything else (a bug, an unexpected answer): logged, counted, retried
+                self.connected = False
+                self.owner_errors += 1
+                log.error("database owner failed db=%s node=%s error=%s: %s; restarting in %.1fs", self.name,
+                          self.node_id, type(exc).__name__, first_line(exc), backoff, exc_info=exc,
+                          extra={"fields": {"db": self.name, "node": self.node_id, "error": type(exc).__name__}})
+                await self._drop_engine()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self.stopping.wait(), backoff * (0.5 + random.random()))
                 backoff = min(backoff * 2, 10.0)
