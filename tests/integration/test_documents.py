@@ -325,7 +325,7 @@ async def test_next_day_makes_the_task_passive_with_a_clear_reason(tenant: Tenan
 
 @pytest.mark.parametrize(("interval", "reason"), [
     (None, "INTERVAL: the expression is empty (no INTERVAL: the task ran once); the task is now passive"),
-    ("now() - interval '1 minute'", "is not after the run's start"),
+    ("now() - interval '1 minute'", "is not after the run's end"),
     ("NULL::timestamptz", "INTERVAL: the value is NULL"),
     ("now() + interval 'ten minutes'", "INTERVAL: evaluation failed: [22007] invalid input syntax"),
     ("'infinity'::timestamptz", "the value is not a finite time"),
