@@ -129,24 +129,40 @@ def call_blocking(name: str, spec: str, params: Any, *, timeout_s: float,
                 # decided once: the worker is killed first, so a result that arrived before the kill is
                 # the outcome (its effect happened), and none can arrive after the verdict
                 _kill(process)
-                if receiver.poll(0):
-                    break
+                reply = _receive(receiver)
+                if reply is not None:
+                    return _outcome(name, reply)
                 if cancelled:
                     return ServiceOutcome(False, f"CSP service {name!r} was cancelled (scheduler shutting down)")
                 return ServiceOutcome(False, f"CSP service {name!r} timed out after {timeout_s:g} s: worker killed")
-        try:
-            status, text = receiver.recv()
-        except (EOFError, OSError):
+        reply = _receive(receiver)
+        if reply is None:
             process.join(5)
             return ServiceOutcome(False, f"CSP service {name!r}: the worker process exited with code "
                                          f"{process.exitcode} without a result")
-        return ServiceOutcome(True) if status == "ok" else ServiceOutcome(False, f"CSP service {name!r}: {text}")
+        return _outcome(name, reply)
     finally:
         receiver.close()
         if process.is_alive():
             process.join(0.5)
         _kill(process)
         process.close()
+
+
+def _receive(receiver: Connection) -> tuple[str, str | None] | None:
+    """The worker's reply if one was sent, else None (it died or was killed first)."""
+    try:
+        if receiver.poll(0):
+            status, text = receiver.recv()
+            return str(status), text
+    except (EOFError, OSError):
+        pass
+    return None
+
+
+def _outcome(name: str, reply: tuple[str, str | None]) -> ServiceOutcome:
+    status, text = reply
+    return ServiceOutcome(True) if status == "ok" else ServiceOutcome(False, f"CSP service {name!r}: {text}")
 
 
 def _kill(process: Any) -> None:
