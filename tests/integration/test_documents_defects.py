@@ -15,7 +15,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import psycopg
 import pytest
 from psycopg import sql
 
@@ -159,13 +158,16 @@ async def test_own_functions_stay_read_only_and_bounded(work: Tenant, db: str, c
     assert work.archive() == [work.role]
 
 
-def test_own_function_of_another_schema_runs_as_the_principal_only(work: Tenant, roles: Any) -> None:
-    """A qualified function the principal may not execute is refused by PostgreSQL, as the principal."""
+async def test_a_qualified_function_runs_as_the_principal_only(work: Tenant, db: str, clock: Clock) -> None:
+    """A function of a schema the principal may not use is refused by PostgreSQL, as the principal."""
     work.admin.execute("CREATE SCHEMA vault; CREATE FUNCTION vault.f(t timestamptz) RETURNS timestamptz "
-                       "LANGUAGE sql AS $$ SELECT t $$")
-    with psycopg.connect(work.dsn, autocommit=True) as c:
-        with pytest.raises(psycopg.errors.InsufficientPrivilege):
-            c.execute("SELECT vault.f(now())")
+                       "LANGUAGE sql AS $$ SELECT t + interval '1 hour' $$")
+    work.apply(doc(1, INTERVAL="vault.f(now())"))
+    async with scheduler(db, clock) as s:
+        assert await s.run_due() == 1
+    found = work.doc(1)
+    assert found["status"] == "CRON_TABLE_PASSIVE"
+    assert "INTERVAL: evaluation failed: [42501]" in found["props"]["ERROR_TEXT"]
 
 
 # -- CSP: an outcome decided once ------------------------------------------------------------------------

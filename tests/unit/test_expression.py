@@ -41,7 +41,8 @@ def test_seed_examples_are_accepted(text: str) -> None:
     "now() + interval '1' hour",
     "nullif(now(), now()) IS NULL",
     # what the seed's users write (issue #12): IN, IS DISTINCT FROM, LIKE, CASE on timestamps, to_char, age
-    "CASE WHEN to_char(now(), 'Dy') IN ('Sat', 'Sun') THEN now() + interval '2 days' ELSE now() + interval '1 hour' END",
+    "CASE WHEN to_char(now(), 'Dy') IN ('Sat', 'Sun') THEN now() + interval '2 days' "
+    "ELSE now() + interval '1 hour' END",
     "CASE WHEN extract(dow FROM now()) NOT IN (0, 6) THEN now() + interval '1 hour' END",
     "CASE WHEN now()::date IS DISTINCT FROM CURRENT_DATE THEN now() END",
     "CASE WHEN to_char(now(), 'Day') LIKE 'Mon%' THEN now() + interval '1 hour' END",

@@ -274,7 +274,8 @@ class _Rewriter:
         if kind in (A_Expr_Kind.AEXPR_OP, A_Expr_Kind.AEXPR_LIKE, A_Expr_Kind.AEXPR_ILIKE):
             op = _unqualified(_names(node.name), "operator")
             if op not in ALLOWED_OPERATORS:
-                raise ExpressionRefused(f"operator {op} is not allowed (allowed: {' '.join(sorted(ALLOWED_OPERATORS))})")
+                allowed = " ".join(sorted(ALLOWED_OPERATORS))
+                raise ExpressionRefused(f"operator {op} is not allowed (allowed: {allowed})")
         if isinstance(node.rexpr, ast.SubLink):
             raise ExpressionRefused(f"{_describe(node.rexpr)} is not allowed{_HINTS['SubLink']}")
         if node.lexpr is not None:
