@@ -18,6 +18,7 @@ from radixjobs.cli_common import (
     decode_utf8,
     emit,
     ensure_schema,
+    input_name,
     max_per_principal_option,
 )
 from radixjobs.cli_docs import docs_group, parse_services
@@ -56,8 +57,8 @@ def sql_command(opts: Options, texts: tuple[str, ...], file: Any) -> None:
     if texts and file is not None:
         raise click.UsageError("give either -c or -f, not both")
     if not texts:
-        texts = (decode_utf8(file.read(), file.name) if file is not None
-                 else decode_utf8(sys.stdin.buffer.read(), "standard input"),)
+        stream = file if file is not None else sys.stdin.buffer
+        texts = (decode_utf8(stream.read(), input_name(file)),)
     with database(opts, pinned=False) as conn:  # the user's SQL, in the user's own search_path
         for result in (result for text in texts for result in run_script(conn, text)):
             if opts.json:

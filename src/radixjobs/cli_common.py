@@ -95,6 +95,12 @@ def max_per_principal_option(default: str, counted: str = "in a database, all no
                           f"Default: {default}. Env: RADIXJOBS_MAX_PER_PRINCIPAL.")
 
 
+def input_name(file: Any) -> str:
+    """How an input file is named in errors: its path, or "standard input"."""
+    name = getattr(file, "name", None)
+    return "standard input" if not isinstance(name, str) or name in ("-", "<stdin>") else name
+
+
 def decode_utf8(data: bytes, source: str) -> str:
     """Input text as UTF-8, or a one-line error naming the source and the byte offset of the first bad byte."""
     try:

@@ -17,6 +17,7 @@ from radixjobs.cli_common import (
     decode_utf8,
     emit,
     ensure_schema,
+    input_name,
     max_per_principal_option,
 )
 from radixjobs.config import open_target
@@ -56,11 +57,11 @@ def docs_apply(opts: Options, file: Any) -> None:
     Applying the same file again changes nothing.
     """
     try:
-        docs = json.loads(decode_utf8(file.read(), file.name))
+        docs = json.loads(decode_utf8(file.read(), input_name(file)))
     except json.JSONDecodeError as exc:
-        raise RadixError(f"{file.name} is not valid JSON: {exc}") from None
+        raise RadixError(f"{input_name(file)} is not valid JSON: {exc}") from None
     if not isinstance(docs, dict | list):
-        _reject(opts, DocumentError([f"{file.name} holds {store.describe_json(docs)}: expected one document "
+        _reject(opts, DocumentError([f"{input_name(file)} holds {store.describe_json(docs)}: expected one document "
                                      "(a JSON object) or a list of them"]))
         return
     with database(opts) as conn:

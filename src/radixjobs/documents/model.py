@@ -363,6 +363,13 @@ def plan_finish(props: Mapping[str, Any], count_error: int, error: str | None) -
 RUN_AS_REFUSED: Final = "cannot evaluate as RUN_AS"
 
 
+def may_pass(reason: str | None) -> bool:
+    """Is this reason for having no next time one that may pass by itself? RUN_AS cannot log in (NOLOGIN,
+    radix._doc_refusal's text): the run is an error like any other, counted towards MAX_COUNT_ERROR, and the
+    task is tried again later. A revoked grant or a dropped role is a decision: PASSIVE at once."""
+    return reason is not None and reason.startswith(RUN_AS_REFUSED) and reason.endswith("cannot log in")
+
+
 @dataclass(frozen=True)
 class Settlement:
     """The finish's writes: status (applied only while ACTIVE), NEXT_RUN and ERROR_TEXT."""

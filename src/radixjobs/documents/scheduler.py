@@ -76,8 +76,8 @@ ZERO_ARGUMENT_ROUTINE: Final = (
     "ELSE n.nspname OPERATOR(pg_catalog.=) %s::pg_catalog.name END "
     "ORDER BY pg_catalog.array_position(pg_catalog.current_schemas(true), n.nspname), "
     "p.prokind OPERATOR(pg_catalog.<>) 'f' LIMIT 1")
-# A task whose next time cannot be evaluated because RUN_AS may not be used now (NOLOGIN, a revoked
-# grant) is tried again after this long; the failed run counts towards MAX_COUNT_ERROR.
+# A task whose next time cannot be evaluated because RUN_AS cannot log in now (NOLOGIN) is tried again
+# after this long; the failed run counts towards MAX_COUNT_ERROR.
 REFUSAL_RETRY_S: Final = 60.0
 # While the notification queue is half full or more, document changes send no wake-up (radix._hint skips
 # it, so a full queue never fails a write): the scheduler then looks this often instead of every check
@@ -327,8 +327,7 @@ class DocumentScheduler:
                 return False
             plan = model.plan_finish(state["props"], state["count_error"], error)
             next_time, reason = await self._next_time(plan, state, now)
-            refused = reason is not None and reason.startswith(model.RUN_AS_REFUSED)
-            retry_at = now + dt.timedelta(seconds=self.refusal_retry_s) if refused else None
+            retry_at = now + dt.timedelta(seconds=self.refusal_retry_s) if model.may_pass(reason) else None
             settled = model.settle(plan, now, next_time, reason, retry_at=retry_at)
             async with self._pool.connection() as conn:
                 cur2 = await conn.execute(
