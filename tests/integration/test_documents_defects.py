@@ -34,10 +34,6 @@ CREATE FUNCTION work.ambiguous(b text DEFAULT 'x') RETURNS void LANGUAGE sql AS 
 CREATE FUNCTION work.needs_one(a int) RETURNS void LANGUAGE sql AS $$ SELECT $$;
 CREATE FUNCTION work.next_slot(t timestamptz) RETURNS timestamptz LANGUAGE sql STABLE AS
 $$ SELECT date_trunc('hour', t) + interval '2 hours' $$;
-CREATE FUNCTION work.writes(t timestamptz) RETURNS timestamptz LANGUAGE plpgsql AS
-$$ BEGIN INSERT INTO work.archive (who) VALUES ('written'); RETURN t + interval '1 hour'; END $$;
-CREATE FUNCTION work.spins(t timestamptz) RETURNS timestamptz LANGUAGE plpgsql
-SET statement_timeout = 0 AS $$ BEGIN PERFORM pg_catalog.pg_sleep(30); RETURN t; END $$;
 """
 
 
@@ -139,35 +135,6 @@ async def test_widened_expressions_evaluate_as_the_principal(work: Tenant, db: s
         assert await s.run_due() == 1
     found = work.doc(1)
     assert (found["status"], found["props"]["NEXT_RUN"]) == ("CRON_TABLE_ACTIVE", expected), found
-
-
-@pytest.mark.parametrize(("interval", "reason"), [
-    ("work.writes(now())", "[25006]"),  # read only: the write is refused, nothing is written
-    ("work.spins(now())", "[57014]"),  # its own SET statement_timeout = 0 does not lift the bound
-])
-async def test_own_functions_stay_read_only_and_bounded(work: Tenant, db: str, clock: Clock, interval: str,
-                                                        reason: str) -> None:
-    work.apply(doc(1, INTERVAL=interval))
-    started = time.monotonic()
-    async with scheduler(db, clock, expression_timeout_ms=300) as s:
-        assert await s.run_due() == 1
-    assert time.monotonic() - started < 20
-    found = work.doc(1)
-    assert found["status"] == "CRON_TABLE_PASSIVE"
-    assert f"INTERVAL: evaluation failed: {reason}" in found["props"]["ERROR_TEXT"]
-    assert work.archive() == [work.role]
-
-
-async def test_a_qualified_function_runs_as_the_principal_only(work: Tenant, db: str, clock: Clock) -> None:
-    """A function of a schema the principal may not use is refused by PostgreSQL, as the principal."""
-    work.admin.execute("CREATE SCHEMA vault; CREATE FUNCTION vault.f(t timestamptz) RETURNS timestamptz "
-                       "LANGUAGE sql AS $$ SELECT t + interval '1 hour' $$")
-    work.apply(doc(1, INTERVAL="vault.f(now())"))
-    async with scheduler(db, clock) as s:
-        assert await s.run_due() == 1
-    found = work.doc(1)
-    assert found["status"] == "CRON_TABLE_PASSIVE"
-    assert "INTERVAL: evaluation failed: [42501]" in found["props"]["ERROR_TEXT"]
 
 
 # -- CSP: an outcome decided once ------------------------------------------------------------------------
