@@ -15,10 +15,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 from psycopg import sql
 
-from radixjobs.documents import services
+from radixjobs import documents
+from radixjobs.documents import DocumentError, services
 from radixjobs.documents.services import call_blocking
 from tests.integration.test_documents import Clock, Tenant, clock, doc, scheduler, tenant
 
@@ -169,3 +171,13 @@ def test_a_worker_whose_scheduler_stopped_listening_ends_quietly(tmp_path: Path)
     receiver, sender = multiprocessing.Pipe(duplex=False)
     receiver.close()
     services._worker("no_such_module_here:f", None, sender)  # the error report goes nowhere quietly too
+
+
+@pytest.mark.parametrize(("value", "kind"), [("str", "a string"), (42, "a number"), (None, "null"),
+                                             (True, "a boolean"), (1.5, "a number")])
+def test_the_python_api_refuses_a_json_scalar_whole(work: Tenant, value: Any, kind: str) -> None:
+    """A string is never split into characters ("str" was read as three documents)."""
+    with psycopg.connect(work.dsn, autocommit=True) as c, pytest.raises(DocumentError) as refused:
+        documents.apply(c, value)
+    assert refused.value.problems == [f"expected one document (a JSON object) or a list of them, not {kind}"]
+    assert work.admin.execute("SELECT count(*) FROM radix.cron_table").fetchone() == (0,)
