@@ -148,3 +148,10 @@ def test_deep_nesting_is_refused() -> None:
     text = "now()" + " + interval '1 second'" * (MAX_DEPTH + 5)
     with pytest.raises(ExpressionRefused, match="nested too deeply"):
         check(text)
+
+
+@pytest.mark.parametrize("text", ["lpad('', 500000000)::timestamptz", "repeat('x', 1000000000)::timestamptz",
+                                  "replace(replace('aa', 'a', 'aa'), 'a', 'aa')::timestamptz"])
+def test_text_functions_that_inflate_a_value_are_refused(text: str) -> None:
+    with pytest.raises(ExpressionRefused, match="is not allowed"):
+        check(text)

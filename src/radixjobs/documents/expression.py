@@ -46,7 +46,7 @@ ALLOWED_FUNCTIONS: Final = frozenset({
     "to_timestamp", "to_date", "justify_days", "justify_hours", "justify_interval",
     "abs", "ceil", "ceiling", "floor", "round", "trunc", "mod",
     "age", "to_char", "to_number", "lower", "upper", "length", "char_length", "substr", "substring",
-    "btrim", "ltrim", "rtrim", "lpad", "rpad", "concat", "left", "right", "replace", "strpos", "position",
+    "btrim", "ltrim", "rtrim", "concat", "left", "right", "strpos", "position",
 })
 # zero-argument functions whose value is "now": replaced by the parameter
 NOW_FUNCTIONS: Final = frozenset({"now", "transaction_timestamp", "statement_timestamp", "clock_timestamp"})
