@@ -41,6 +41,7 @@ class DatabaseOwner:
         self.documents: DocumentScheduler | None = None
         self.services = dict(services or {})
         self._documents_stop = asyncio.Event()
+        self._documents_task: asyncio.Task[None] | None = None
         self.wake = asyncio.Event()
         self.stopping = asyncio.Event()
         self.connected = False
@@ -87,6 +88,7 @@ class DatabaseOwner:
         self.documents = documents
         await documents.start()
         documents_task = asyncio.create_task(documents.serve(self._documents_stop), name=f"documents:{self.name}")
+        self._documents_task = documents_task
         listener = await psycopg.AsyncConnection.connect(scheduler_dsn(self.dsn), autocommit=True)
         try:
             for channel in CHANNELS:
@@ -113,6 +115,9 @@ class DatabaseOwner:
             if notify_task.done():  # the LISTEN connection broke: reconnect everything
                 notify_task.result()
                 raise psycopg.OperationalError("notification connection closed")
+            if self._documents_task is not None and self._documents_task.done():  # never a silent stop
+                self._documents_task.result()
+                raise RuntimeError("the document scheduler stopped")
             # cleared before claiming: an attempt ending or a notification meanwhile must wake the sleep
             self.wake.clear()
             await engine.dispatch_due()
@@ -154,6 +159,10 @@ class DatabaseOwner:
         if documents is not None:
             self.engines_counters.append(dict(documents.counters))
             self._documents_stop.set()
+            task, self._documents_task = self._documents_task, None
+            with contextlib.suppress(Exception):
+                if task is not None:
+                    await asyncio.wait_for(task, 10)  # its error, if any, was raised by the loop already
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(documents.close(), 10)
         self._documents_stop = asyncio.Event()
