@@ -16,11 +16,13 @@ from radixjobs.cli_common import (
     Options,
     common_options,
     database,
+    decode_utf8,
     emit,
     ensure_schema,
+    input_name,
     max_per_principal_option,
 )
-from radixjobs.cli_docs import docs_group
+from radixjobs.cli_docs import docs_group, parse_services
 from radixjobs.config import open_target
 from radixjobs.db import connect, first_line
 from radixjobs.embedded import EmbeddedServer
@@ -45,20 +47,22 @@ def cli(ctx: click.Context, dsn: str | None, home: Path | None, as_json: bool, v
 
 # -- sql ---------------------------------------------------------------------------------------------
 @cli.command("sql")
-@click.option("-c", "--command", "text", default=None, metavar="TEXT", help="SQL text to run.")
-@click.option("-f", "--file", "file", default=None, type=click.File("r", encoding="utf-8"),
+@click.option("-c", "--command", "texts", multiple=True, metavar="TEXT",
+              help="SQL text to run (repeatable: run in order, as psql does).")
+@click.option("-f", "--file", "file", default=None, type=click.File("rb"),
               help="SQL script to run ('-' for standard input).")
 @common_options
-def sql_command(opts: Options, text: str | None, file: Any) -> None:
-    """Run SQL (and job DDL) from -c TEXT, -f FILE or standard input, statement by statement."""
+def sql_command(opts: Options, texts: tuple[str, ...], file: Any) -> None:
+    """Run SQL (and job DDL) from -c TEXT (repeatable), -f FILE or standard input, statement by statement."""
     from radixjobs.scripts import run_script
 
-    if text is not None and file is not None:
+    if texts and file is not None:
         raise click.UsageError("give either -c or -f, not both")
-    if text is None:
-        text = file.read() if file is not None else sys.stdin.read()
+    if not texts:
+        stream = file if file is not None else sys.stdin.buffer
+        texts = (decode_utf8(stream.read(), input_name(file)),)
     with database(opts, pinned=False) as conn:  # the user's SQL, in the user's own search_path
-        for result in run_script(conn, text):
+        for result in (result for text in texts for result in run_script(conn, text)):
             if opts.json:
                 if result.returns_rows:
                     click.echo(output.to_json(result.records()))
@@ -321,12 +325,7 @@ def serve_command(opts: Options, http: str, http_max_connections: int | None, ht
         address = parse_http(http)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--http") from None
-    allowed = {}
-    for spec in services:
-        name, sep, target_path = spec.partition("=")
-        if not sep or not name or ":" not in target_path:
-            raise click.BadParameter(f"expected NAME=module:function, got {spec!r}", param_hint="--service")
-        allowed[name] = target_path
+    allowed = parse_services(services)
     configure(logging.INFO, log_format)
     with open_target(opts.dsn, opts.home) as target:
         with connect(target.dsn) as conn:
@@ -402,16 +401,17 @@ def _install_demo(conn: psycopg.Connection[Any]) -> None:
 
 
 @cli.command("status")
-@click.option("--http", "http", default="127.0.0.1:7317", show_default=True, metavar="HOST:PORT",
-              help="Where a running daemon answers.")
+@click.option("--http", "http", default="127.0.0.1:7317", show_default=True, metavar="HOST:PORT|URL",
+              help="Where a running daemon answers (HOST:PORT, or an http:// URL of it).")
 @common_options
 def status_command(opts: Options, http: str) -> None:
     """Status of a running daemon, or (when none answers) of the database."""
     import json as jsonlib
     import urllib.request
 
+    url = _status_url(http)
     try:
-        with urllib.request.urlopen(f"http://{http}/status", timeout=2) as response:
+        with urllib.request.urlopen(url, timeout=2) as response:  # noqa: S310 (an http:// URL, checked)
             value = {"source": "daemon", **jsonlib.loads(response.read())}
     except (OSError, ValueError):
         with database(opts) as conn:
@@ -421,6 +421,21 @@ def status_command(opts: Options, http: str) -> None:
         if isinstance(value.get(key), dict):
             human += "\n" + key + ":\n" + output.render_mapping(value[key])
     emit(opts, value, human)
+
+
+def _status_url(value: str) -> str:
+    """The /status URL of ``HOST:PORT`` or ``http://HOST:PORT[/]``; a usage error naming the problem."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(value if "://" in value else f"http://{value}")
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    if (parts.scheme != "http" or not parts.hostname or port is None or parts.path not in ("", "/")
+            or parts.query or parts.fragment or parts.username is not None):
+        raise click.BadParameter(f"expected HOST:PORT or http://HOST:PORT, got {value!r}", param_hint="--http")
+    return f"http://{parts.netloc}/status"
 
 
 def _database_status(conn: psycopg.Connection[Any]) -> dict[str, Any]:

@@ -15,6 +15,7 @@ import psycopg
 from radixjobs import migrate, output
 from radixjobs.config import Target, open_target
 from radixjobs.db import bound_lock_waits, connect
+from radixjobs.errors import RadixError
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -39,11 +40,21 @@ def common_options(func: F) -> F:
     def wrapper(ctx: click.Context, /, dsn: str | None, home: Path | None, as_json: bool,
                 **kwargs: Any) -> Any:
         parent: Options = ctx.find_object(Options) or Options(None, None, False)
-        opts = Options(dsn or parent.dsn, home or parent.home, as_json or parent.json)
+        opts = Options(_flag_wins(ctx, "dsn", dsn, parent.dsn), _flag_wins(ctx, "home", home, parent.home),
+                       as_json or parent.json)
         return ctx.invoke(func, opts, **kwargs)
 
     functools.update_wrapper(wrapper, func)
     return wrapper  # type: ignore[return-value]
+
+
+def _flag_wins(ctx: click.Context, name: str, own: Any, parent: Any) -> Any:
+    """The command's own flag, else the global flag before the command, else the environment: the
+    environment fills both options alike, so the parent's value (its flag or the same variable) wins over
+    the command's value when that came from the environment."""
+    if own is not None and ctx.get_parameter_source(name) is click.core.ParameterSource.COMMANDLINE:
+        return own
+    return parent if parent is not None else own
 
 
 @contextlib.contextmanager
@@ -82,3 +93,20 @@ def max_per_principal_option(default: str, counted: str = "in a database, all no
         "--max-per-principal", envvar="RADIXJOBS_MAX_PER_PRINCIPAL", default=None, type=click.IntRange(min=0),
         metavar="N", help=f"Attempts one principal (RUN AS role) may have running {counted}; 0: no cap. "
                           f"Default: {default}. Env: RADIXJOBS_MAX_PER_PRINCIPAL.")
+
+
+def input_name(file: Any) -> str:
+    """How an input file is named in errors: its path, or "standard input"."""
+    name = getattr(file, "name", None)
+    return "standard input" if not isinstance(name, str) or name in ("-", "<stdin>") else name
+
+
+def decode_utf8(data: bytes, source: str) -> str:
+    """Input text as UTF-8, or a one-line error naming the source and the byte offset of the first bad byte."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        column = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
+        raise RadixError(f"{source} is not valid UTF-8: byte 0x{data[exc.start]:02x} at line {line}, column "
+                         f"{column} (offset {exc.start}): {exc.reason}") from None

@@ -10,11 +10,21 @@ from typing import Any
 import click
 
 from radixjobs import output
-from radixjobs.cli_common import Options, common_options, database, emit, ensure_schema, max_per_principal_option
+from radixjobs.cli_common import (
+    Options,
+    common_options,
+    database,
+    decode_utf8,
+    emit,
+    ensure_schema,
+    input_name,
+    max_per_principal_option,
+)
 from radixjobs.config import open_target
 from radixjobs.db import connect
 from radixjobs.documents import store
 from radixjobs.documents.model import DocumentError
+from radixjobs.documents.services import spec_of
 from radixjobs.errors import RadixError
 
 LIST_COLUMNS = ("NUM", "status", "target", "INTERVAL", "RUN_AS", "COUNT_ERROR", "NEXT_RUN", "LAST_RUN",
@@ -38,7 +48,7 @@ def _reject(opts: Options, exc: DocumentError) -> None:
 
 
 @docs_group.command("apply")
-@click.argument("file", type=click.File("r", encoding="utf-8"))
+@click.argument("file", type=click.File("rb"))
 @common_options
 def docs_apply(opts: Options, file: Any) -> None:
     """Create or update the documents of FILE (one JSON document or a list; '-' for standard input).
@@ -47,9 +57,13 @@ def docs_apply(opts: Options, file: Any) -> None:
     Applying the same file again changes nothing.
     """
     try:
-        docs = json.loads(file.read())
+        docs = json.loads(decode_utf8(file.read(), input_name(file)))
     except json.JSONDecodeError as exc:
-        raise RadixError(f"{file.name} is not valid JSON: {exc}") from None
+        raise RadixError(f"{input_name(file)} is not valid JSON: {exc}") from None
+    if not isinstance(docs, dict | list):
+        _reject(opts, DocumentError([f"{input_name(file)} holds {store.describe_json(docs)}: expected one document "
+                                     "(a JSON object) or a list of them"]))
+        return
     with database(opts) as conn:
         try:
             results = store.apply(conn, docs)
@@ -134,13 +148,17 @@ def docs_revoke_service(opts: Options, service: str, grantee: str) -> None:
          else f"CSP service {service!r} was not granted to {grantee}")
 
 
-def _services(pairs: tuple[str, ...]) -> dict[str, str]:
+def parse_services(pairs: tuple[str, ...]) -> dict[str, str]:
+    """``--service NAME=module:function`` values, each checked (a one-line usage error, never a traceback)."""
     out = {}
     for pair in pairs:
         name, sep, spec = pair.partition("=")
-        if not sep or not name or not spec:
-            raise click.BadParameter(f"expected NAME=module:function, got {pair!r}", param_hint="--service")
-        out[name] = spec
+        try:
+            if not sep or not name.strip():
+                raise ValueError("expected NAME=module:function")
+            out[name] = spec_of(spec)
+        except ValueError as exc:
+            raise click.BadParameter(f"{exc} (got {pair!r})", param_hint="--service") from None
     return out
 
 
@@ -170,7 +188,7 @@ def docs_run(opts: Options, once: bool, seconds: float | None, service_pairs: tu
 
     if once == (seconds is not None):
         raise click.UsageError("give exactly one of --once or --for SECONDS")
-    allowed = _services(service_pairs)
+    allowed = parse_services(service_pairs)
 
     async def go(dsn: str) -> dict[str, Any]:
         async with DocumentScheduler(dsn, node_id=node_id, services=allowed, check_period_s=check_period,

@@ -325,7 +325,7 @@ async def test_next_day_makes_the_task_passive_with_a_clear_reason(tenant: Tenan
 
 @pytest.mark.parametrize(("interval", "reason"), [
     (None, "INTERVAL: the expression is empty (no INTERVAL: the task ran once); the task is now passive"),
-    ("now() - interval '1 minute'", "is not after the run's start"),
+    ("now() - interval '1 minute'", "is not after the run's end"),
     ("NULL::timestamptz", "INTERVAL: the value is NULL"),
     ("now() + interval 'ten minutes'", "INTERVAL: evaluation failed: [22007] invalid input syntax"),
     ("'infinity'::timestamptz", "the value is not a finite time"),
@@ -400,9 +400,9 @@ INJECTIONS = [
     "now() + (SELECT count(*) FROM app.secrets) * interval '1 day'",
     "now() + pg_sleep(5)::text::interval",
     "nextval('app.seq')::text::timestamptz",
-    "public.now()",
-    "app.next_slot()",
 ]
+# the principal's own functions, schema-qualified, are accepted (issue #12): they run read-only, as it
+OWN_WRITERS = ["public.now()", "app.next_slot()"]
 
 TRAP_SQL = """
 CREATE SCHEMA app;
@@ -426,15 +426,21 @@ async def test_injection_attempts_are_refused_and_nothing_executes(tenant: Tenan
         with pytest.raises(DocumentError, match="INTERVAL is refused"):
             tenant.apply(doc(n, INTERVAL=payload))
         tenant.apply_sql(doc(n, INTERVAL=payload))
+    for n, payload in enumerate(OWN_WRITERS, len(INJECTIONS) + 1):
+        tenant.apply(doc(n, INTERVAL=payload))
     started = time.monotonic()
     async with scheduler(db, clock) as s:
-        assert await s.run_due() == len(INJECTIONS)
+        assert await s.run_due() == len(INJECTIONS) + len(OWN_WRITERS)
     assert time.monotonic() - started < 5  # pg_sleep never ran
     for n in range(1, len(INJECTIONS) + 1):
         found = tenant.doc(n)
         assert found["status"] == "CRON_TABLE_PASSIVE", found
         assert "INTERVAL: refused: " in found["props"]["ERROR_TEXT"]
         assert "hunter2" not in found["props"]["ERROR_TEXT"]
+    for n in range(len(INJECTIONS) + 1, len(INJECTIONS) + len(OWN_WRITERS) + 1):
+        found = tenant.doc(n)
+        assert found["status"] == "CRON_TABLE_PASSIVE", found
+        assert "INTERVAL: evaluation failed: [25006]" in found["props"]["ERROR_TEXT"]  # read-only
     assert tenant.admin.execute("SELECT count(*) FROM app.victim").fetchone() == (1,)
     assert tenant.admin.execute("SELECT is_called FROM app.seq").fetchone() == (False,)
     assert tenant.admin.execute("SELECT count(*) FROM app.writes").fetchone() == (0,)

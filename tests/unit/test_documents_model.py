@@ -251,7 +251,7 @@ def test_settle_goes_passive_for_null_past_or_a_reason() -> None:
     assert settle(plan, T0, None, None).error_text == "INTERVAL: the value is NULL; the task is now passive"
     past = settle(plan, T0, T0, None)
     assert past.status is Status.PASSIVE
-    assert "is not after the run's start" in (past.error_text or "")
+    assert "is not after the run's end" in (past.error_text or "")
     refused = settle(plan_finish(PROPS, 0, "boom"), T0, None, "refused: x")
     assert refused == settle(plan_finish(PROPS, 0, "boom"), T0, None, "refused: x")
     assert refused.error_text == "boom; INTERVAL_ERROR: refused: x; the task is now passive"

@@ -40,9 +40,34 @@ def test_seed_examples_are_accepted(text: str) -> None:
     "pg_catalog.now() + interval '1 hour'",
     "now() + interval '1' hour",
     "nullif(now(), now()) IS NULL",
+    # what the seed's users write (issue #12): IN, IS DISTINCT FROM, LIKE, CASE on timestamps, to_char, age
+    "CASE WHEN to_char(now(), 'Dy') IN ('Sat', 'Sun') THEN now() + interval '2 days' "
+    "ELSE now() + interval '1 hour' END",
+    "CASE WHEN extract(dow FROM now()) NOT IN (0, 6) THEN now() + interval '1 hour' END",
+    "CASE WHEN now()::date IS DISTINCT FROM CURRENT_DATE THEN now() END",
+    "CASE WHEN to_char(now(), 'Day') LIKE 'Mon%' THEN now() + interval '1 hour' END",
+    "CASE WHEN to_char(now(), 'Month') ILIKE 'jan%' THEN now() + interval '1 day' END",
+    "CASE WHEN now() < date_trunc('day', now()) + interval '9 hours' THEN date_trunc('day', now()) + interval "
+    "'9 hours' ELSE date_trunc('day', now()) + interval '33 hours' END",
+    "CASE WHEN now() BETWEEN SYMMETRIC timestamptz '2025-02-01' AND timestamptz '2025-01-01' THEN now() END",
+    "now() + age(timestamp '2025-01-01', timestamp '2024-12-31')",
+    "(to_char(now(), 'YYYY-MM-DD') || ' 09:00')::timestamptz + interval '1 day'",
 ])
 def test_useful_expressions_are_accepted(text: str) -> None:
     assert "$1" in check(text).sql
+
+
+@pytest.mark.parametrize("text", ["app.next_slot(now())", "public.now()", '"My App".next_time()'])
+def test_the_principals_own_qualified_functions_are_accepted(text: str) -> None:
+    """Run as RUN_AS, read-only, under the timeout: the principal's own code, as DB_FUNCTION runs it."""
+    sql = check(text).sql
+    assert "." in sql.split("CAST(", 1)[1]  # kept qualified: resolved in its schema only
+
+
+def test_one_argument_age_counts_from_the_parameter() -> None:
+    sql = check("now() + age(timestamp '2020-01-01')").sql
+    assert sql.count("$1") == 2
+    assert "age(CAST(CAST(CAST($1" in sql
 
 
 @pytest.mark.parametrize("text", [
@@ -82,13 +107,21 @@ def test_what_runs_is_one_statement() -> None:
     ("now() + pg_sleep(10)::text::interval", "function pg_sleep() is not allowed"),
     ("nextval('app.seq')::text::timestamptz", "function nextval() is not allowed"),
     ("set_config('statement_timeout', '0', false)::timestamptz", "function set_config() is not allowed"),
-    ("public.now()", "qualified function names are not allowed: public.now"),
-    ("app.next_slot()", "qualified function names are not allowed"),
+    ("a.b.c()", "qualified function names are not allowed: a.b.c"),
+    ("pg_temp.f()", "temporary functions cannot be called"),
+    ("information_schema._pg_truetypid(1, 2)", "qualified function names are not allowed"),
+    ("pg_catalog.pg_sleep(1)", "function pg_sleep() is not allowed"),
+    ("pg_sleep(1)", "write it schema-qualified"),
+    ("(SELECT now())", "put the query in a function of your own"),
+    ("now() IN (SELECT now())", "a sub-query is not allowed"),
+    ("now() = ANY (ARRAY[now()])", "= ANY (...) is not allowed: use IN (a, b, …)"),
+    ("'a' SIMILAR TO 'b'", "SIMILAR TO is not allowed"),
+    ("now() ~ 'x'", "operator ~ is not allowed"),
     ("now()::app.mytype", "qualified type names are not allowed"),
     ("'app.secrets'::regclass::text::timestamptz", "type regclass is not allowed"),
     ("now() OPERATOR(public.+) interval '1 day'", "qualified operator names are not allowed"),
-    ("now() || 'x'", "operator || is not allowed"),
-    ("s", "a column or name reference (s) is not allowed"),
+    ("now() OPERATOR(pg_catalog.~) 'x'", "operator ~ is not allowed"),
+    ("s", "a column or name reference (s) is not allowed: an expression has no columns"),
     ("app.secrets.s", "a column or name reference"),
     ("$1", "a parameter is not allowed"),
     ("current_user::text::timestamptz", "CURRENT_USER is not allowed"),
@@ -114,4 +147,11 @@ def test_syntax_error_position_counts_from_the_expression() -> None:
 def test_deep_nesting_is_refused() -> None:
     text = "now()" + " + interval '1 second'" * (MAX_DEPTH + 5)
     with pytest.raises(ExpressionRefused, match="nested too deeply"):
+        check(text)
+
+
+@pytest.mark.parametrize("text", ["lpad('', 500000000)::timestamptz", "repeat('x', 1000000000)::timestamptz",
+                                  "replace(replace('aa', 'a', 'aa'), 'a', 'aa')::timestamptz"])
+def test_text_functions_that_inflate_a_value_are_refused(text: str) -> None:
+    with pytest.raises(ExpressionRefused, match="is not allowed"):
         check(text)

@@ -3,8 +3,12 @@
 An expression is user text that PostgreSQL evaluates, so it is never pasted into SQL as given
 (research: postgres-facts §8 — a closing parenthesis alone can inject clauses). ``check`` parses
 ``SELECT <expression>`` with pglast and accepts exactly one plain SELECT with one target and nothing
-else, built only from allow-listed node types, operators, types and functions, without qualified names
-(except the ``pg_catalog.`` the grammar itself writes). The tree is then rebuilt as
+else, built only from allow-listed node types, operators (IN, IS DISTINCT FROM, LIKE, BETWEEN included),
+types and functions, without qualified names (except the ``pg_catalog.`` the grammar itself writes) — but
+a function qualified by a schema of the database's own (``myschema.next_time(now())``) is accepted: it is
+the principal's own code, resolved in that schema only, run as the principal under the same guarantees
+(as DB_FUNCTION runs any code of its own). Never a sub-query, a column, a temporary function or a system
+schema's function outside the allow-list. The tree is then rebuilt as
 ``SELECT CAST(<expression> AS timestamptz)`` and deparsed: comments and anything unparsed are gone.
 
 The current time functions (``now()``, ``CURRENT_TIMESTAMP``, ``CURRENT_DATE``, ``LOCALTIMESTAMP``,
@@ -41,6 +45,8 @@ ALLOWED_FUNCTIONS: Final = frozenset({
     "make_interval", "make_date", "make_time", "make_timestamp", "make_timestamptz",
     "to_timestamp", "to_date", "justify_days", "justify_hours", "justify_interval",
     "abs", "ceil", "ceiling", "floor", "round", "trunc", "mod",
+    "age", "to_char", "to_number", "lower", "upper", "length", "char_length", "substr", "substring",
+    "btrim", "ltrim", "rtrim", "concat", "left", "right", "strpos", "position",
 })
 # zero-argument functions whose value is "now": replaced by the parameter
 NOW_FUNCTIONS: Final = frozenset({"now", "transaction_timestamp", "statement_timestamp", "clock_timestamp"})
@@ -48,7 +54,19 @@ ALLOWED_TYPES: Final = frozenset({
     "timestamp", "timestamptz", "date", "interval", "time", "timetz", "text", "varchar", "bpchar",
     "int2", "int4", "int8", "integer", "smallint", "bigint", "numeric", "float4", "float8", "bool",
 })
-ALLOWED_OPERATORS: Final = frozenset({"+", "-", "*", "/", "%", "<", ">", "<=", ">=", "=", "<>"})
+ALLOWED_OPERATORS: Final = frozenset({"+", "-", "*", "/", "%", "<", ">", "<=", ">=", "=", "<>", "||",
+                                      "~~", "!~~", "~~*", "!~~*"})
+# expression kinds besides plain operators: IN (...) of values, IS [NOT] DISTINCT FROM, [NOT] [I]LIKE,
+# NULLIF, [NOT] BETWEEN [SYMMETRIC]
+_ALLOWED_KINDS: Final = frozenset({
+    A_Expr_Kind.AEXPR_OP, A_Expr_Kind.AEXPR_IN, A_Expr_Kind.AEXPR_DISTINCT, A_Expr_Kind.AEXPR_NOT_DISTINCT,
+    A_Expr_Kind.AEXPR_LIKE, A_Expr_Kind.AEXPR_ILIKE, A_Expr_Kind.AEXPR_NULLIF, A_Expr_Kind.AEXPR_BETWEEN,
+    A_Expr_Kind.AEXPR_NOT_BETWEEN, A_Expr_Kind.AEXPR_BETWEEN_SYM, A_Expr_Kind.AEXPR_NOT_BETWEEN_SYM,
+})
+# schemas whose functions are never called by a qualified name (pg_catalog's are allow-listed by name)
+_SYSTEM_SCHEMAS: Final = ("pg_catalog", "pg_toast", "information_schema")
+OWN_FUNCTION_HINT: Final = ("for a function of your own, write it schema-qualified (myschema.next_time(...)): "
+                            "it runs as RUN_AS, read-only and under the timeout")
 _NOW_TYPES: Final = {
     SQLValueFunctionOp.SVFOP_CURRENT_DATE: "date",
     SQLValueFunctionOp.SVFOP_CURRENT_TIME: "timetz",
@@ -191,7 +209,7 @@ class _Rewriter:
             raise ExpressionRefused("the expression is nested too deeply")
         handler = getattr(self, f"_{type(node).__name__}", None)
         if handler is None:
-            raise ExpressionRefused(f"{_describe(node)} is not allowed")
+            raise ExpressionRefused(f"{_describe(node)} is not allowed{_HINTS.get(type(node).__name__, '')}")
         return handler(node, depth + 1)
 
     def _list(self, nodes: Any, depth: int) -> tuple[Any, ...] | None:
@@ -217,16 +235,23 @@ class _Rewriter:
         return tn
 
     def _FuncCall(self, node: Any, depth: int) -> Any:
-        name = _unqualified(_names(node.funcname), "function")
-        if name not in ALLOWED_FUNCTIONS:
+        names = _names(node.funcname)
+        own = len(names) == 2 and names[0] not in _SYSTEM_SCHEMAS
+        name = ".".join(names) if own else _unqualified(names, "function")
+        if own and names[0].startswith("pg_temp"):
+            raise ExpressionRefused(f"function {name}() is not allowed: temporary functions cannot be called")
+        if not own and name not in ALLOWED_FUNCTIONS:
             allowed = ", ".join(sorted(ALLOWED_FUNCTIONS))
-            raise ExpressionRefused(f"function {name}() is not allowed (allowed: {allowed})")
+            raise ExpressionRefused(f"function {name}() is not allowed (allowed: {allowed}); {OWN_FUNCTION_HINT}")
         if (node.agg_order or node.agg_filter or node.over or node.agg_star or node.agg_distinct
                 or node.func_variadic or node.agg_within_group):
             raise ExpressionRefused(f"aggregate or window syntax is not allowed in {name}()")
-        if name in NOW_FUNCTIONS and not node.args:
+        if not own and name in NOW_FUNCTIONS and not node.args:
             return _now()
         node.args = self._list(node.args, depth)
+        if not own and name == "age" and node.args and len(node.args) == 1:
+            # age(x) is age(current_date, x): "now" is the parameter here too
+            node.args = (_cast(_cast(_now(), "date"), "timestamptz"), node.args[0])
         return node
 
     def _NamedArgExpr(self, node: Any, depth: int) -> Any:
@@ -242,12 +267,17 @@ class _Rewriter:
 
     def _A_Expr(self, node: Any, depth: int) -> Any:
         kind = node.kind
-        if kind == A_Expr_Kind.AEXPR_OP:
+        if kind not in _ALLOWED_KINDS:
+            what = {"AEXPR_OP_ANY": "= ANY (...)", "AEXPR_OP_ALL": "= ALL (...)", "AEXPR_SIMILAR": "SIMILAR TO"}
+            name = what.get(kind.name, kind.name.removeprefix("AEXPR_"))
+            raise ExpressionRefused(f"{name} is not allowed: use IN (a, b, …), LIKE or a comparison instead")
+        if kind in (A_Expr_Kind.AEXPR_OP, A_Expr_Kind.AEXPR_LIKE, A_Expr_Kind.AEXPR_ILIKE):
             op = _unqualified(_names(node.name), "operator")
             if op not in ALLOWED_OPERATORS:
-                raise ExpressionRefused(f"operator {op} is not allowed")
-        elif kind not in (A_Expr_Kind.AEXPR_NULLIF, A_Expr_Kind.AEXPR_BETWEEN, A_Expr_Kind.AEXPR_NOT_BETWEEN):
-            raise ExpressionRefused(f"{kind.name.removeprefix('AEXPR_')} expressions are not allowed")
+                allowed = " ".join(sorted(ALLOWED_OPERATORS))
+                raise ExpressionRefused(f"operator {op} is not allowed (allowed: {allowed})")
+        if isinstance(node.rexpr, ast.SubLink):
+            raise ExpressionRefused(f"{_describe(node.rexpr)} is not allowed{_HINTS['SubLink']}")
         if node.lexpr is not None:
             node.lexpr = self.expr(node.lexpr, depth)
         if isinstance(node.rexpr, tuple | list):
@@ -288,6 +318,13 @@ class _Rewriter:
     def _MinMaxExpr(self, node: Any, depth: int) -> Any:
         node.args = self._list(node.args, depth)
         return node
+
+
+_HINTS: Final = {
+    "SubLink": f": put the query in a function of your own; {OWN_FUNCTION_HINT}",
+    "A_ArrayExpr": ": use IN (a, b, …)",
+    "ColumnRef": ": an expression has no columns (quote text constants: 'Mon')",
+}
 
 
 def _describe(node: Any) -> str:

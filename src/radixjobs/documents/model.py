@@ -360,6 +360,16 @@ def plan_finish(props: Mapping[str, Any], count_error: int, error: str | None) -
     return FinishPlan(count, Status.ACTIVE, name, props.get(name) or "", error)
 
 
+RUN_AS_REFUSED: Final = "cannot evaluate as RUN_AS"
+
+
+def may_pass(reason: str | None) -> bool:
+    """Is this reason for having no next time one that may pass by itself? RUN_AS cannot log in (NOLOGIN,
+    radix._doc_refusal's text): the run is an error like any other, counted towards MAX_COUNT_ERROR, and the
+    task is tried again later. A revoked grant or a dropped role is a decision: PASSIVE at once."""
+    return reason is not None and reason.startswith(RUN_AS_REFUSED) and reason.endswith("cannot log in")
+
+
 @dataclass(frozen=True)
 class Settlement:
     """The finish's writes: status (applied only while ACTIVE), NEXT_RUN and ERROR_TEXT."""
@@ -369,18 +379,25 @@ class Settlement:
     error_text: str | None
 
 
-def settle(plan: FinishPlan, started_at: dt.datetime, next_time: dt.datetime | None,
-           reason: str | None) -> Settlement:
-    """Combine the plan with the evaluated next time (or the reason there is none)."""
+def settle(plan: FinishPlan, ended_at: dt.datetime, next_time: dt.datetime | None,
+           reason: str | None, *, retry_at: dt.datetime | None = None) -> Settlement:
+    """Combine the plan with the evaluated next time (or the reason there is none).
+
+    The next time must be after the run's end (``ended_at``, the "now" the expression saw): ``NOW()`` is
+    not a schedule. ``retry_at``: the reason may pass (RUN_AS cannot be used now): the task stays ACTIVE
+    and is tried again then; its failed run was counted, so MAX_COUNT_ERROR still stops it."""
     if plan.expression_name is None:
         return Settlement(plan.status, None, plan.error_text)
     name = plan.expression_name
     if reason is None and next_time is None:
         reason = "the value is NULL"
-    if reason is None and next_time is not None and next_time <= started_at:
-        reason = f"the value {next_time.isoformat()} is not after the run's start {started_at.isoformat()}"
+    if reason is None and next_time is not None and next_time <= ended_at:
+        reason = f"the value {next_time.isoformat()} is not after the run's end {ended_at.isoformat()}"
     if reason is None:
         return Settlement(Status.ACTIVE, next_time, plan.error_text)
+    if retry_at is not None:
+        why = f"{name}: {reason}; tried again at {retry_at.isoformat()}"
+        return Settlement(Status.ACTIVE, retry_at, why if plan.error_text is None else f"{plan.error_text}; {why}")
     why = f"{name}: {reason}; the task is now passive"
     return Settlement(Status.PASSIVE, None, why if plan.error_text is None else f"{plan.error_text}; {why}")
 

@@ -63,6 +63,22 @@ RUN_TAG: Final = "/* radixjobs task {} */"
 STILL_RUNNING: Final = ("SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE usename = %s AND state <> 'idle' "
                         "AND query LIKE %s)")
 RERUN_POLL_S: Final = 0.05
+# The kind of routine a DB_FUNCTION names, callable with no arguments (every parameter defaulted): in its
+# schema, or else the first schema of the session's path that has one (as PostgreSQL resolves the call,
+# which also refuses an ambiguous one). Sent on the principal's connection: every name qualified.
+ZERO_ARGUMENT_ROUTINE: Final = (
+    "SELECT p.prokind FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace n "
+    "ON n.oid OPERATOR(pg_catalog.=) p.pronamespace "
+    "WHERE p.proname OPERATOR(pg_catalog.=) %s::pg_catalog.name "
+    "AND p.pronargs OPERATOR(pg_catalog.-) p.pronargdefaults OPERATOR(pg_catalog.=) 0 "
+    "AND CASE WHEN %s::pg_catalog.name IS NULL "
+    "THEN n.nspname OPERATOR(pg_catalog.=) ANY (pg_catalog.current_schemas(true)) "
+    "ELSE n.nspname OPERATOR(pg_catalog.=) %s::pg_catalog.name END "
+    "ORDER BY pg_catalog.array_position(pg_catalog.current_schemas(true), n.nspname), "
+    "p.prokind OPERATOR(pg_catalog.<>) 'f' LIMIT 1")
+# A task whose next time cannot be evaluated because RUN_AS cannot log in now (NOLOGIN) is tried again
+# after this long; the failed run counts towards MAX_COUNT_ERROR.
+REFUSAL_RETRY_S: Final = 60.0
 # While the notification queue is half full or more, document changes send no wake-up (radix._hint skips
 # it, so a full queue never fails a write): the scheduler then looks this often instead of every check
 # period, so a change is still picked up within about a second.
@@ -80,8 +96,9 @@ class DocumentScheduler:
                  clock: Clock | None = None, concurrency: int = 8, check_period_s: float = 30.0,
                  reload_period_s: float = 600.0, db_timeout_s: float = 240.0, service_timeout_s: float = 300.0,
                  expression_timeout_ms: int = 1000, hold_node_lock: bool = True, grace_s: float = 10.0,
-                 max_per_principal: int | None = None):
+                 max_per_principal: int | None = None, refusal_retry_s: float = REFUSAL_RETRY_S):
         self.dsn = scheduler_dsn(dsn)
+        self.refusal_retry_s = refusal_retry_s
         self.node_id = node_id or f"{default_node_id()}:docs"
         self.registry = ServiceRegistry(services, entry_points=entry_points)
         self.clock = clock
@@ -310,7 +327,8 @@ class DocumentScheduler:
                 return False
             plan = model.plan_finish(state["props"], state["count_error"], error)
             next_time, reason = await self._next_time(plan, state, now)
-            settled = model.settle(plan, state["daily_start_time"], next_time, reason)
+            retry_at = now + dt.timedelta(seconds=self.refusal_retry_s) if model.may_pass(reason) else None
+            settled = model.settle(plan, now, next_time, reason, retry_at=retry_at)
             async with self._pool.connection() as conn:
                 cur2 = await conn.execute(
                     "SELECT radix.doc_finish(%s, %s, %s, %s, %s, %s, %s, %s)",
@@ -341,7 +359,7 @@ class DocumentScheduler:
         except expression.ExpressionRefused as exc:
             return None, f"refused: {exc}"
         if state["refusal"]:
-            return None, f"cannot evaluate as RUN_AS: {state['refusal']}"
+            return None, f"{model.RUN_AS_REFUSED}: {state['refusal']}"
         try:
             async with self._principals.connection(state["principal"]) as conn:
                 value = await expression.evaluate(conn, checked, now, timeout_ms=self.expression_timeout_ms)
@@ -351,7 +369,7 @@ class DocumentScheduler:
             text = expression.db_error_text(exc)
             if retry.classify(exc.sqlstate, text).category is not retry.Category.SECURITY:
                 raise  # the database is away: finished by a later check
-            return None, f"cannot evaluate as RUN_AS: {text}"
+            return None, f"{model.RUN_AS_REFUSED}: {text}"
         return value, None
 
     async def _execute(self, started: Started, num: str, *, rerun: bool) -> str | None:
@@ -394,9 +412,9 @@ class DocumentScheduler:
         """PERFORM f() or CALL p() in a DO block, by what the name is; bounded by db_timeout_s (then the
         backend is ended)."""
         quoted = ".".join('"' + p.replace('"', '""') + '"' for p in parts)
+        schema, name = (None, parts[0]) if len(parts) == 1 else parts
         try:
-            cur = await conn.execute("SELECT prokind FROM pg_catalog.pg_proc WHERE oid OPERATOR(pg_catalog.=) "
-                                     "pg_catalog.to_regprocedure(%s::pg_catalog.text)", (quoted + "()",))
+            cur = await conn.execute(ZERO_ARGUMENT_ROUTINE, (name, schema, schema))
             row = await cur.fetchone()
         except psycopg.Error as exc:
             return expression.db_error_text(exc)

@@ -17,6 +17,7 @@ CSP_SERVICE_PARAMS (None when absent); a coroutine function is run to completion
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
 import importlib.metadata
 import inspect
@@ -102,10 +103,12 @@ def _worker(spec: str, params: Any, reply: Connection) -> None:
                 return await result
 
             asyncio.run(wait())
-        reply.send(("ok", None))
+        outcome: tuple[str, str | None] = ("ok", None)
     except BaseException as exc:  # the worker reports everything, SystemExit included
-        reply.send(("error", _short(f"{type(exc).__name__}: {exc}")))
-    finally:
+        outcome = ("error", _short(f"{type(exc).__name__}: {exc}"))
+    with contextlib.suppress(OSError):  # the scheduler stopped listening (timeout, cancel): nothing to say
+        reply.send(outcome)
+    with contextlib.suppress(OSError):
         reply.close()
 
 
@@ -121,25 +124,52 @@ def call_blocking(name: str, spec: str, params: Any, *, timeout_s: float,
     deadline = time.monotonic() + timeout_s
     try:
         while not receiver.poll(0.05):
-            if cancel is not None and cancel.is_set():
-                return ServiceOutcome(False, f"CSP service {name!r} was cancelled (scheduler shutting down)")
-            if time.monotonic() >= deadline:
+            cancelled = cancel is not None and cancel.is_set()
+            if cancelled or time.monotonic() >= deadline:
+                # decided once: the worker is killed first, so a result that arrived before the kill is
+                # the outcome (its effect happened), and none can arrive after the verdict
+                _kill(process)
+                reply = _receive(receiver)
+                if reply is not None:
+                    return _outcome(name, reply)
+                if cancelled:
+                    return ServiceOutcome(False, f"CSP service {name!r} was cancelled (scheduler shutting down)")
                 return ServiceOutcome(False, f"CSP service {name!r} timed out after {timeout_s:g} s: worker killed")
-        try:
-            status, text = receiver.recv()
-        except (EOFError, OSError):
+        reply = _receive(receiver)
+        if reply is None:
             process.join(5)
             return ServiceOutcome(False, f"CSP service {name!r}: the worker process exited with code "
                                          f"{process.exitcode} without a result")
-        return ServiceOutcome(True) if status == "ok" else ServiceOutcome(False, f"CSP service {name!r}: {text}")
+        return _outcome(name, reply)
     finally:
         receiver.close()
         if process.is_alive():
             process.join(0.5)
-        if process.is_alive():
-            process.kill()
-            process.join(5)
+        _kill(process)
         process.close()
+
+
+def _receive(receiver: Connection) -> tuple[str, str | None] | None:
+    """The worker's reply if one was sent, else None (it died or was killed first)."""
+    try:
+        if receiver.poll(0):
+            status, text = receiver.recv()
+            return str(status), text
+    except (EOFError, OSError):
+        pass
+    return None
+
+
+def _outcome(name: str, reply: tuple[str, str | None]) -> ServiceOutcome:
+    status, text = reply
+    return ServiceOutcome(True) if status == "ok" else ServiceOutcome(False, f"CSP service {name!r}: {text}")
+
+
+def _kill(process: Any) -> None:
+    """SIGKILL the worker if it still runs, and reap it."""
+    if process.is_alive():
+        process.kill()
+    process.join(5)
 
 
 async def call(registry: ServiceRegistry, name: str, params: Any, *, timeout_s: float,

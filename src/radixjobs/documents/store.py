@@ -39,7 +39,12 @@ def apply(conn: Conn, docs: Documents) -> list[dict[str, Any]]:
     Raises DocumentError naming every problem (AdmissionError for other database errors); nothing is
     written then.
     """
-    payload: Any = list(docs) if not isinstance(docs, Mapping) else dict(docs)
+    if isinstance(docs, Mapping):
+        payload: Any = dict(docs)
+    elif isinstance(docs, Sequence) and not isinstance(docs, str | bytes):
+        payload = list(docs)
+    else:  # a JSON scalar ("str", 42, null): not a document, and never split into characters
+        raise DocumentError([f"expected one document (a JSON object) or a list of them, not {describe_json(docs)}"])
     problems = validate(payload)
     if problems:
         raise DocumentError(problems)
@@ -49,6 +54,15 @@ def apply(conn: Conn, docs: Documents) -> list[dict[str, Any]]:
     except psycopg.Error as exc:
         raise _rejection(exc) from None
     return list(row[0]) if row else []
+
+
+def describe_json(value: Any) -> str:
+    """The JSON type of a value, in words."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    return "a string" if isinstance(value, str) else "a number" if isinstance(value, int | float) else "a value"
 
 
 def _rejection(exc: psycopg.Error) -> RadixError:

@@ -181,7 +181,7 @@ class Daemon:
         last_error = None
         for name, (owner, _) in sorted(self.owners.items()):
             databases.append({"name": name, "connected": owner.connected, "running_attempts": owner.running,
-                              "reconnects": owner.reconnects})
+                              "reconnects": owner.reconnects, "owner_errors": owner.owner_errors})
             if owner.engine is not None and owner.engine.last_error is not None:
                 last_error = public_error("job", owner.engine.last_error)
             if owner.documents is not None and owner.documents.last_error is not None:

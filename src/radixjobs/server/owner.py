@@ -12,7 +12,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from radixjobs.db import scheduler_dsn
+from radixjobs.db import first_line, scheduler_dsn
 from radixjobs.documents.scheduler import DocumentScheduler
 from radixjobs.engine import Engine
 from radixjobs.engine.slots import Slots
@@ -42,11 +42,13 @@ class DatabaseOwner:
         self.documents: DocumentScheduler | None = None
         self.services = dict(services or {})
         self._documents_stop = asyncio.Event()
+        self._documents_task: asyncio.Task[None] | None = None
         self.wake = asyncio.Event()
         self.stopping = asyncio.Event()
         self.connected = False
         self.last_error: str | None = None
         self.reconnects = 0
+        self.owner_errors = 0  # unexpected (non-connection) errors the owner restarted after
         self.engines_counters: list[dict[str, int]] = []  # counters of engines replaced after errors
         self._preflight: asyncio.Task[None] | None = None
 
@@ -69,6 +71,16 @@ class DatabaseOwner:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self.stopping.wait(), backoff * (0.5 + random.random()))
                 backoff = min(backoff * 2, 10.0)
+            except Exception as exc:  # anything else (a bug, an unexpected answer): logged, counted, retried
+                self.connected = False
+                self.owner_errors += 1
+                log.error("database owner failed db=%s node=%s error=%s: %s; restarting in %.1fs", self.name,
+                          self.node_id, type(exc).__name__, first_line(exc), backoff, exc_info=exc,
+                          extra={"fields": {"db": self.name, "node": self.node_id, "error": type(exc).__name__}})
+                await self._drop_engine()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.stopping.wait(), backoff * (0.5 + random.random()))
+                backoff = min(backoff * 2, 10.0)
 
     async def _serve(self) -> None:
         engine = Engine(self.dsn, node_id=self.node_id, concurrency=self.concurrency, grace_s=5.0,
@@ -80,6 +92,7 @@ class DatabaseOwner:
         self.documents = documents
         await documents.start()
         documents_task = asyncio.create_task(documents.serve(self._documents_stop), name=f"documents:{self.name}")
+        self._documents_task = documents_task
         listener = await psycopg.AsyncConnection.connect(scheduler_dsn(self.dsn), autocommit=True)
         try:
             for channel in CHANNELS:
@@ -106,6 +119,9 @@ class DatabaseOwner:
             if notify_task.done():  # the LISTEN connection broke: reconnect everything
                 notify_task.result()
                 raise psycopg.OperationalError("notification connection closed")
+            if self._documents_task is not None and self._documents_task.done():  # never a silent stop
+                self._documents_task.result()
+                raise RuntimeError("the document scheduler stopped")
             # cleared before claiming: an attempt ending or a notification meanwhile must wake the sleep
             self.wake.clear()
             await engine.dispatch_due()
@@ -147,6 +163,10 @@ class DatabaseOwner:
         if documents is not None:
             self.engines_counters.append(dict(documents.counters))
             self._documents_stop.set()
+            task, self._documents_task = self._documents_task, None
+            with contextlib.suppress(Exception):
+                if task is not None:
+                    await asyncio.wait_for(task, 10)  # its error, if any, was raised by the loop already
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(documents.close(), 10)
         self._documents_stop = asyncio.Event()

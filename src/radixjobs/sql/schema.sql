@@ -3136,7 +3136,9 @@ RETURN radix.node_alive(node);
 CREATE FUNCTION radix.live_node_count() RETURNS bigint
 LANGUAGE sql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
-RETURN (SELECT count(*) FROM radix.nodes n WHERE radix.node_alive(n.node_id));
+-- a node is a scheduler process (host and pid): a daemon's engine and document scheduler (X, X:docs) count once
+RETURN (SELECT count(DISTINCT coalesce(n.hostname || ':' || n.pid, n.node_id)) FROM radix.nodes n
+        WHERE radix.node_alive(n.node_id));
 
 -- The scheduler nodes, to operators only.
 CREATE VIEW radix.node_overview WITH (security_barrier) AS
