@@ -286,6 +286,7 @@ def serve_command(opts: Options, http: str, http_max_connections: int | None, ht
                   discovery_interval: float, log_format: str, demo: bool, services: tuple[str, ...]) -> None:
     """Run the scheduler daemon until SIGINT/SIGTERM."""
     import asyncio
+    import signal
 
     from radixjobs.server import Daemon, DaemonConfig
     from radixjobs.server.http import parse_http
@@ -298,6 +299,7 @@ def serve_command(opts: Options, http: str, http_max_connections: int | None, ht
         raise click.BadParameter(str(exc), param_hint="--http") from None
     allowed = parse_services(services)
     configure(logging.INFO, log_format)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # a reload before the daemon runs must not end it
     with open_target(opts.dsn, opts.home) as target:
         _check_at_start(target, demo)
         config = DaemonConfig(dsn=target.dsn, all_databases=all_databases or target.embedded is not None,

@@ -150,7 +150,8 @@ class ConfigFileCommand(click.Command):
     """A command with ``--config``: puts the file between the command line and the environment."""
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-        ctx.meta[ARGS_META] = list(args)
+        ctx.meta[ARGS_META] = list(args)  # ctx.meta is shared along the context chain: set afresh here
+        ctx.meta.pop(CONFIG_META, None)
         rest = super().parse_args(ctx, args)
         loaded = ctx.meta.get(CONFIG_META)
         if loaded is None:

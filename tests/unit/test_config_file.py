@@ -114,3 +114,31 @@ def test_serve_has_a_key_for_every_flag() -> None:
     long_flags = {opt[2:] for p in serve_command.params for opt in p.opts[:1] if opt.startswith("--")}
     assert keys == long_flags - {"config"}
     assert {"dsn", "http", "per-database-concurrency", "service", "max-per-principal", "home"} <= keys
+
+
+def test_the_shipped_example_is_valid() -> None:
+    from radixjobs.config_file import load
+
+    serve_command = cli.commands["serve"]
+    example = Path(__file__).resolve().parents[2] / "contrib" / "radixjobs.toml"
+    with click.Context(serve_command, info_name="serve") as ctx:
+        values = load(ctx, serve_command, example)
+    assert values["dsn"] == "host=/run/postgresql dbname=app user=radixjobs"
+    assert values["services"] == ()
+    assert values["log_format"] == "json"
+
+
+def test_the_documented_example_is_valid(tmp_path: Path) -> None:
+    from radixjobs.config_file import load
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "daemon.md").read_text(encoding="utf-8")
+    example = text.split("```toml\n", 1)[1].split("```", 1)[0]
+    path = tmp_path / "example.toml"
+    path.write_text(example, encoding="utf-8")
+    serve_command = cli.commands["serve"]
+    with click.Context(serve_command, info_name="serve") as ctx:
+        values = load(ctx, serve_command, path)
+    # every flag of this version (flags added later should join the example)
+    assert {"dsn", "all_databases", "http", "http_max_connections", "http_request_timeout", "node_id",
+            "concurrency", "per_database_concurrency", "max_per_principal", "grace", "poll", "discovery_interval",
+            "log_format", "services", "home"} <= set(values)
