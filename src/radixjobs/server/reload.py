@@ -22,7 +22,7 @@ from typing import Any
 import click
 
 from radixjobs.config_file import ConfigFileCommand, key_of
-from radixjobs.documents.services import ServiceRegistry
+from radixjobs.documents.services import ServiceRegistry, spec_of
 from radixjobs.server.daemon import Daemon
 
 log = logging.getLogger("radixjobs.server")
@@ -37,7 +37,10 @@ def parse_services(specs: Iterable[str]) -> dict[str, str]:
         name, sep, target = spec.partition("=")
         if not sep or not name or ":" not in target:
             raise click.BadParameter(f"expected NAME=module:function, got {spec!r}", param_hint="--service")
-        allowed[name] = target
+        try:
+            allowed[name] = spec_of(target)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--service") from None
     return allowed
 
 
