@@ -22,11 +22,12 @@ from radixjobs.cli_common import (
     input_name,
     max_per_principal_option,
 )
-from radixjobs.cli_docs import docs_group, parse_services
+from radixjobs.cli_docs import docs_group
 from radixjobs.config import open_target
+from radixjobs.config_file import ConfigFileCommand, config_option
 from radixjobs.db import connect, first_line
 from radixjobs.embedded import EmbeddedServer
-from radixjobs.errors import RadixError
+from radixjobs.errors import ConnectError, RadixError
 from radixjobs.model import HISTORY_STATUSES
 
 
@@ -278,7 +279,8 @@ def run_command(opts: Options, once: bool, seconds: float | None, node_id: str |
 
 
 # -- serve / status ------------------------------------------------------------------------------------
-@cli.command("serve")
+@cli.command("serve", cls=ConfigFileCommand)
+@config_option
 @click.option("--http", "http", default="127.0.0.1:7317", show_default=True, metavar="HOST:PORT|off",
               help="Status endpoint address (port 0 picks a free port).")
 @click.option("--http-max-connections", type=click.IntRange(1, 100_000), default=None, metavar="N",
@@ -316,10 +318,12 @@ def serve_command(opts: Options, http: str, http_max_connections: int | None, ht
                   discovery_interval: float, log_format: str, demo: bool, services: tuple[str, ...]) -> None:
     """Run the scheduler daemon until SIGINT/SIGTERM."""
     import asyncio
+    import signal
 
     from radixjobs.server import Daemon, DaemonConfig
     from radixjobs.server.http import parse_http
     from radixjobs.server.logs import configure
+    from radixjobs.server.reload import parse_services, serve_reloader
 
     try:
         address = parse_http(http)
@@ -327,11 +331,9 @@ def serve_command(opts: Options, http: str, http_max_connections: int | None, ht
         raise click.BadParameter(str(exc), param_hint="--http") from None
     allowed = parse_services(services)
     configure(logging.INFO, log_format)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # a reload before the daemon runs must not end it
     with open_target(opts.dsn, opts.home) as target:
-        with connect(target.dsn) as conn:
-            ensure_schema(conn, target)
-            if demo:
-                _install_demo(conn)
+        _check_at_start(target, demo)
         config = DaemonConfig(dsn=target.dsn, all_databases=all_databases or target.embedded is not None,
                               concurrency=concurrency, per_database_concurrency=per_database_concurrency,
                               max_per_principal=max_per_principal,
@@ -339,7 +341,24 @@ def serve_command(opts: Options, http: str, http_max_connections: int | None, ht
         if node_id:
             config.node_id = node_id
         auth = _console_auth(target.dsn, http_auth, http_token)
-        asyncio.run(_serve(Daemon(config), address, demo, http_max_connections, http_request_timeout, auth))
+        daemon = Daemon(config)
+        daemon.reloader = serve_reloader(click.get_current_context(), daemon)
+        asyncio.run(_serve(daemon, address, demo, http_max_connections, http_request_timeout, auth))
+
+
+def _check_at_start(target: Any, demo: bool) -> None:
+    """The schema is checked (embedded: installed) now; an external server that cannot be reached yet is
+    waited for by the daemon (PostgreSQL down at start is not an error)."""
+    try:
+        conn = connect(target.dsn)
+    except ConnectError:
+        if target.embedded is not None or demo:
+            raise
+        return  # the daemon logs it (once) and retries with backoff
+    with conn:
+        ensure_schema(conn, target)
+        if demo:
+            _install_demo(conn)
 
 
 def _console_auth(dsn: str, mode: str, token: str | None) -> Any:

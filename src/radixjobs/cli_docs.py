@@ -24,7 +24,6 @@ from radixjobs.config import open_target
 from radixjobs.db import connect
 from radixjobs.documents import store
 from radixjobs.documents.model import DocumentError
-from radixjobs.documents.services import spec_of
 from radixjobs.errors import RadixError
 
 LIST_COLUMNS = ("NUM", "status", "target", "INTERVAL", "RUN_AS", "COUNT_ERROR", "NEXT_RUN", "LAST_RUN",
@@ -148,20 +147,6 @@ def docs_revoke_service(opts: Options, service: str, grantee: str) -> None:
          else f"CSP service {service!r} was not granted to {grantee}")
 
 
-def parse_services(pairs: tuple[str, ...]) -> dict[str, str]:
-    """``--service NAME=module:function`` values, each checked (a one-line usage error, never a traceback)."""
-    out = {}
-    for pair in pairs:
-        name, sep, spec = pair.partition("=")
-        try:
-            if not sep or not name.strip():
-                raise ValueError("expected NAME=module:function")
-            out[name] = spec_of(spec)
-        except ValueError as exc:
-            raise click.BadParameter(f"{exc} (got {pair!r})", param_hint="--service") from None
-    return out
-
-
 @docs_group.command("run")
 @click.option("--once", is_flag=True, help="Run what is due now (to the end), then exit.")
 @click.option("--for", "seconds", type=click.FloatRange(min=0), default=None, metavar="SECONDS",
@@ -188,6 +173,8 @@ def docs_run(opts: Options, once: bool, seconds: float | None, service_pairs: tu
 
     if once == (seconds is not None):
         raise click.UsageError("give exactly one of --once or --for SECONDS")
+    from radixjobs.server.reload import parse_services
+
     allowed = parse_services(service_pairs)
 
     async def go(dsn: str) -> dict[str, Any]:

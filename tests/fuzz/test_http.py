@@ -38,7 +38,8 @@ class Client:
 
     def __init__(self) -> None:
         self.loop = asyncio.new_event_loop()
-        self.daemon = Daemon(DaemonConfig(dsn="host=/nonexistent", node_id="fuzz-node"))
+        self.daemon = Daemon(DaemonConfig(dsn="host=/nonexistent", node_id="fuzz-node", all_databases=True))
+        self.daemon.reachable = True  # as after a look at a reachable cluster: /healthz is ready (200)
         transport = httpx.ASGITransport(app=make_app(self.daemon), raise_app_exceptions=True)
         self.http = httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1:7317")
 

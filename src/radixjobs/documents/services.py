@@ -12,28 +12,40 @@ Each call runs in its own process (multiprocessing, spawn context) with a timeou
 raises, crashes the interpreter (``os._exit``, a segfault) or hangs only fails its own run: the worker is
 killed and the scheduler goes on. The service is called as ``function(params)`` with the parsed
 CSP_SERVICE_PARAMS (None when absent); a coroutine function is run to completion with asyncio.run.
+
+A worker never outlives its scheduler, even one killed with ``kill -9``: on Linux it asks for SIGKILL when its
+parent dies (``PR_SET_PDEATHSIG``, checked against the parent's pid for a parent that died before that), and
+everywhere a watchdog thread reads a pipe that only the scheduler holds open: end of file (the scheduler is
+gone) kills the worker's process group. The worker leads a process group of its own, and the scheduler ends
+a call that timed out or was cancelled by killing that group, so processes the service started go with it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import importlib
 import importlib.metadata
 import inspect
 import multiprocessing
+import os
 import re
+import signal
+import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
 from typing import Any, Final
 
 ENTRY_POINT_GROUP: Final = "radixjobs.services"
 MAX_ERROR_CHARS: Final = 2000
 _DOTTED: Final = r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*"
 _SPEC: Final = re.compile(f"{_DOTTED}:{_DOTTED}")
+PR_SET_PDEATHSIG: Final = 1  # linux/prctl.h
 
 ServiceSpec = str | Callable[..., Any]
 
@@ -94,8 +106,31 @@ def _load(spec: str) -> Callable[..., Any]:
     return target  # type: ignore[no-any-return]
 
 
-def _worker(spec: str, params: Any, reply: Connection) -> None:
+def _die_with_parent(parent_pid: int, lifeline: Connection) -> None:
+    """Make this worker end when the scheduler process ends, however it ends."""
+    with contextlib.suppress(OSError):
+        os.setpgid(0, 0)  # a group of its own: the scheduler (or the watchdog) kills the whole group
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent_pid:  # the scheduler died before the request above took effect
+        os._exit(1)
+
+    def watchdog() -> None:
+        with contextlib.suppress(EOFError, OSError):
+            while True:
+                lifeline.recv_bytes()  # the scheduler never writes: this returns only at end of file
+        with contextlib.suppress(OSError):
+            os.killpg(os.getpgrp(), signal.SIGKILL)
+        os._exit(1)
+
+    threading.Thread(target=watchdog, name="radixjobs-lifeline", daemon=True).start()
+
+
+def _worker(spec: str, params: Any, reply: Connection, parent_pid: int, lifeline: Connection) -> None:
     """Entry point of the worker process: call the service, send ("ok", None) or ("error", text)."""
+    _die_with_parent(parent_pid, lifeline)
     try:
         result = _load(spec)(params)
         if inspect.isawaitable(result):
@@ -117,10 +152,12 @@ def call_blocking(name: str, spec: str, params: Any, *, timeout_s: float,
     """Run one call in a fresh spawned process and wait for it (blocking: run it in a thread)."""
     ctx = multiprocessing.get_context("spawn")
     receiver, sender = ctx.Pipe(duplex=False)
-    process = ctx.Process(target=_worker, args=(spec, params, sender), daemon=True,
+    lifeline_read, lifeline_write = ctx.Pipe(duplex=False)  # the write end stays here, unused, until the end
+    process = ctx.Process(target=_worker, args=(spec, params, sender, os.getpid(), lifeline_read), daemon=True,
                           name=f"radixjobs-csp-{name}")
     process.start()
     sender.close()
+    lifeline_read.close()
     deadline = time.monotonic() + timeout_s
     try:
         while not receiver.poll(0.05):
@@ -146,6 +183,7 @@ def call_blocking(name: str, spec: str, params: Any, *, timeout_s: float,
         if process.is_alive():
             process.join(0.5)
         _kill(process)
+        lifeline_write.close()
         process.close()
 
 
@@ -165,11 +203,21 @@ def _outcome(name: str, reply: tuple[str, str | None]) -> ServiceOutcome:
     return ServiceOutcome(True) if status == "ok" else ServiceOutcome(False, f"CSP service {name!r}: {text}")
 
 
-def _kill(process: Any) -> None:
-    """SIGKILL the worker if it still runs, and reap it."""
+def _kill(process: BaseProcess) -> None:
+    """SIGKILL the worker and what it started (its process group) if it still runs, and reap it."""
     if process.is_alive():
-        process.kill()
+        _kill_group(process)
     process.join(5)
+
+
+def _kill_group(process: BaseProcess) -> None:
+    """Kill a worker and what it started (its process group; the worker itself if it has none yet)."""
+    pid = process.pid
+    if pid is not None:
+        with contextlib.suppress(OSError):
+            if os.getpgid(pid) == pid:
+                os.killpg(pid, signal.SIGKILL)
+    process.kill()
 
 
 async def call(registry: ServiceRegistry, name: str, params: Any, *, timeout_s: float,

@@ -6,10 +6,12 @@ import asyncio
 import contextlib
 import logging
 import os
+import random
 import re
 import signal
 import socket
 import time
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,7 +19,7 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from radixjobs import migrate, retry
-from radixjobs.db import scheduler_dsn
+from radixjobs.db import first_line, scheduler_dsn
 from radixjobs.documents.scheduler import COUNTER_KEYS as DOCUMENT_COUNTER_KEYS
 from radixjobs.engine.runner import COUNTER_KEYS
 from radixjobs.engine.slots import Slots
@@ -49,11 +51,17 @@ def dsn_for_database(dsn: str, dbname: str) -> str:
     return make_conninfo(**params)  # type: ignore[arg-type]
 
 
-async def is_ready(dsn: str) -> bool:
-    """Is radixjobs installed there at exactly this code's schema version?"""
+async def is_ready(dsn: str, *, unreachable_raises: bool = False) -> bool:
+    """Is radixjobs installed there at exactly this code's schema version? A server that cannot be reached
+    is not ready, or (``unreachable_raises``) raises its psycopg.OperationalError."""
     try:
-        async with await psycopg.AsyncConnection.connect(scheduler_dsn(dsn), autocommit=True,
-                                                         connect_timeout=5) as conn:
+        conn = await psycopg.AsyncConnection.connect(scheduler_dsn(dsn), autocommit=True, connect_timeout=5)
+    except psycopg.OperationalError:
+        if unreachable_raises:
+            raise
+        return False
+    try:
+        async with conn:
             cur = await conn.execute(migrate.VERSION_PROBE)
             probe = await cur.fetchone()
             if not (probe and probe[0]):
@@ -90,13 +98,16 @@ class Daemon:
         self.started_at = time.monotonic()
         self.stopping = asyncio.Event()
         self.last_error: dict[str, Any] | None = None
+        self.reachable: bool | None = None  # None until the first look
+        self._reload_task: asyncio.Task[None] | None = None
+        self.reloader: Callable[[], Coroutine[Any, Any, None]] | None = None  # SIGHUP (server/reload.py)
 
     # -- discovery -------------------------------------------------------------------------------
     async def ready_databases(self) -> list[str]:
         """The databases to serve: the DSN's own, or every ready one of the cluster."""
         if not self.config.all_databases:
             name = conninfo_to_dict(self.config.dsn).get("dbname") or "postgres"
-            return [str(name)] if await is_ready(self.config.dsn) else []
+            return [str(name)] if await is_ready(self.config.dsn, unreachable_raises=True) else []
         async with await psycopg.AsyncConnection.connect(self.config.dsn, autocommit=True) as conn:
             cur = await conn.execute(LIST_DATABASES)
             names = [row[0] for row in await cur.fetchall()]
@@ -108,8 +119,9 @@ class Daemon:
         try:
             ready = set(await self.ready_databases())
         except psycopg.Error as exc:
-            log.warning("database discovery failed node=%s error=%s", self.config.node_id, exc)
+            self._reachability(False, first_line(exc))
             return
+        self._reachability(True)
         for name in sorted(ready - self.owners.keys()):
             self._start_owner(name)
         for name in sorted(self.owners.keys() - ready):
@@ -128,13 +140,41 @@ class Daemon:
         self.owners[name] = (owner, asyncio.create_task(owner.run(), name=f"owner:{name}"))
         log.info("serving database db=%s node=%s", name, self.config.node_id)
 
+    def _reachability(self, reachable: bool, error: str = "") -> None:
+        """Log once per state change: PostgreSQL became unreachable, or reachable again."""
+        before, self.reachable = self.reachable, reachable
+        if reachable and before is False:
+            log.info("PostgreSQL is reachable again node=%s", self.config.node_id,
+                     extra={"fields": {"event": "postgres_reachable", "node": self.config.node_id}})
+        elif not reachable and before is not False:
+            log.warning("PostgreSQL is not reachable node=%s error=%s; retrying with backoff (up to every %gs)",
+                        self.config.node_id, error, self.config.discovery_s,
+                        extra={"fields": {"event": "postgres_unreachable", "node": self.config.node_id}})
+
+    def is_healthy(self) -> tuple[bool, str]:
+        """/healthz: serving (PostgreSQL reachable and, for one database, that database served)."""
+        if self.stopping.is_set():
+            return False, "stopping"
+        if not self.reachable:
+            return False, "not ready: PostgreSQL is not reachable"
+        if not self.config.all_databases and not self.owners:
+            return False, "not ready: the database is not ready (radixjobs install)"
+        return True, "ok"
+
     # -- lifecycle -------------------------------------------------------------------------------
     async def run(self) -> None:
-        """Serve until stop(): rediscover databases periodically."""
+        """Serve until stop(): rediscover databases periodically; while PostgreSQL cannot be reached, look
+        again with jittered exponential backoff (0.2 s up to --discovery-interval)."""
+        backoff = 0.2
         while not self.stopping.is_set():
             await self.discover()
+            if self.reachable:
+                backoff, wait_s = 0.2, self.config.discovery_s
+            else:
+                wait_s = min(backoff, self.config.discovery_s) * (0.5 + random.random() / 2)
+                backoff = min(backoff * 2, self.config.discovery_s)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.stopping.wait(), self.config.discovery_s)
+                await asyncio.wait_for(self.stopping.wait(), wait_s)
         await self.shutdown()
 
     def stop(self) -> None:
@@ -161,6 +201,17 @@ class Daemon:
 
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(signum, on_signal, signum)
+        loop.add_signal_handler(signal.SIGHUP, self._on_hangup)
+
+    def _on_hangup(self) -> None:
+        """SIGHUP: reload (one at a time; running attempts are untouched)."""
+        if self.reloader is None or self.stopping.is_set():
+            return
+        if self._reload_task is not None and not self._reload_task.done():
+            log.warning("SIGHUP: a reload is still in progress; ignored")
+            return
+        log.info("SIGHUP: reloading the configuration and the CSP services")
+        self._reload_task = asyncio.create_task(self.reloader(), name="reload")
 
     # -- status ----------------------------------------------------------------------------------
     def counters(self) -> dict[str, int]:

@@ -91,8 +91,8 @@ def make_app(daemon: Daemon, auth: ConsoleAuth | None = None) -> Starlette:
         return Response(generate_latest(registry), media_type=PROMETHEUS_CONTENT_TYPE)
 
     async def healthz(_: Request) -> Response:
-        healthy = not daemon.stopping.is_set()
-        return PlainTextResponse("ok" if healthy else "stopping", status_code=200 if healthy else 503)
+        healthy, text = daemon.is_healthy()
+        return PlainTextResponse(text, status_code=200 if healthy else 503)
 
     console = Console(daemon, auth or ConsoleAuth())
     return Starlette(routes=[Route("/status", status), Route("/metrics", metrics), Route("/healthz", healthz),

@@ -1,0 +1,177 @@
+"""``--config FILE``: a TOML file whose top-level keys are a command's long flag names.
+
+Invariants:
+- The mapping is generic over the command's options: every option with a long flag (``--per-database-concurrency``)
+  has the key ``per-database-concurrency`` (spelled as the flag, dashes; an underscore spelling is an unknown key
+  with a hint). A flag added to the command later works in the file without edits here.
+- Precedence: command line > file > environment (``envvar=``) > defaults. A flag given before the command name
+  (``radixjobs --dsn X serve``) counts as command line too.
+- Every problem is one line naming the file and the key (or the TOML line): unknown keys, wrong types, values
+  out of range, unreadable files, invalid TOML. Nothing is applied from a file with a problem.
+- A single-valued key also takes a one-element list (``dsn = ["…"]``); more elements are refused as not
+  supported yet.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+from click.core import ParameterSource
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+CONFIG_META = "radixjobs.config"  # ctx.meta key: {"path": Path, "values": {param name: value}}
+ARGS_META = "radixjobs.args"  # ctx.meta key: the command's own arguments (to parse them again on reload)
+NOT_IN_FILE = frozenset({"config", "help"})
+
+
+class ConfigFileError(click.ClickException):
+    """A problem with the configuration file: printed as one line, exit code 2."""
+
+    exit_code = 2
+
+    def format_message(self) -> str:
+        return self.message
+
+
+def key_of(param: click.Parameter) -> str | None:
+    """The file key of an option: its first long flag without the dashes; None when it has none."""
+    if not isinstance(param, click.Option) or param.name in NOT_IN_FILE:
+        return None
+    for opt in param.opts:
+        if opt.startswith("--"):
+            return opt[2:]
+    return None
+
+
+def keys_of(command: click.Command) -> dict[str, click.Option]:
+    return {key: param for param in command.params if (key := key_of(param)) is not None
+            and isinstance(param, click.Option)}
+
+
+def _kind(param: click.Option) -> tuple[tuple[type, ...], str]:
+    """The TOML types an option's value may have, and their name for an error."""
+    if param.is_flag and not param.multiple and param.count is False:
+        return (bool,), "true or false"
+    if param.count:
+        return (int,), "an integer"
+    if isinstance(param.type, click.types.IntParamType):
+        return (int,), "an integer"
+    if isinstance(param.type, click.types.FloatParamType):
+        return (int, float), "a number"
+    if isinstance(param.type, click.types.BoolParamType):
+        return (bool,), "true or false"
+    return (str,), "a string"
+
+
+def _check(ctx: click.Context, path: Path, key: str, param: click.Option, value: Any) -> Any:
+    """The value, converted and validated as the command line would be; ConfigFileError otherwise."""
+    where = f"config file {path}: key '{key}'"
+    types, name = _kind(param)
+
+    def one(item: Any) -> Any:
+        if (isinstance(item, bool) and bool not in types) or not isinstance(item, types):
+            raise ConfigFileError(f"{where}: expected {name}, got {_toml_type(item)}")
+        try:
+            return param.type.convert(item, param, ctx)
+        except click.BadParameter as exc:
+            raise ConfigFileError(f"{where}: {exc.message}") from None
+
+    if param.multiple:
+        items = value if isinstance(value, list) else [value]
+        return tuple(one(item) for item in items)
+    if isinstance(value, list):
+        if len(value) != 1:
+            raise ConfigFileError(f"{where}: takes one value; a list of {len(value)} is not supported yet")
+        value = value[0]
+    if param.is_flag and not param.count:
+        one(value)
+        return value
+    return one(value)
+
+
+def _toml_type(value: Any) -> str:
+    for kind, name in ((bool, "true/false"), (int, "an integer"), (float, "a number"), (str, "a string"),
+                       (list, "a list"), (dict, "a table")):
+        if isinstance(value, kind):
+            return name
+    return type(value).__name__
+
+
+def load(ctx: click.Context, command: click.Command, path: Path) -> dict[str, Any]:
+    """Read and validate ``path`` for ``command``: ``{param name: value}``."""
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except OSError as exc:
+        raise ConfigFileError(f"config file {path}: cannot read it: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise ConfigFileError(f"config file {path}: not UTF-8 text") from None
+    try:
+        document = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigFileError(f"config file {path}: invalid TOML: {exc}") from None
+    known = keys_of(command)
+    values: dict[str, Any] = {}
+    for key, value in document.items():
+        param = known.get(key)
+        if param is None:
+            hint = key.replace("_", "-")
+            suggestion = f" (did you mean '{hint}'?)" if hint in known else ""
+            raise ConfigFileError(f"config file {path}: unknown key '{key}'{suggestion}; the keys are the long "
+                                  f"flags of `{ctx.command_path}` without the dashes")
+        assert param.name is not None
+        values[param.name] = _check(ctx, path, key, param, value)
+    return values
+
+
+def _load_callback(ctx: click.Context, _: click.Parameter, value: Path | None) -> Path | None:
+    """Eager: runs before every other option, so the file's values are in place when they are resolved."""
+    if value is not None:
+        values = load(ctx, ctx.command, value)
+        ctx.meta[CONFIG_META] = {"path": value, "values": values}
+        ctx.default_map = {**(ctx.default_map or {}), **values}
+    return value
+
+
+def config_option(func: F) -> F:
+    """``--config FILE`` (or ``RADIXJOBS_CONFIG``)."""
+    return click.option("--config", type=click.Path(dir_okay=False, path_type=Path), default=None,
+                        envvar="RADIXJOBS_CONFIG", metavar="FILE", is_eager=True, expose_value=False,
+                        callback=_load_callback,
+                        help="TOML file whose keys are these flags' names (flags given here win over it; it "
+                             "wins over environment variables). Env: RADIXJOBS_CONFIG.")(func)
+
+
+class ConfigFileCommand(click.Command):
+    """A command with ``--config``: puts the file between the command line and the environment."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        ctx.meta[ARGS_META] = list(args)  # ctx.meta is shared along the context chain: set afresh here
+        ctx.meta.pop(CONFIG_META, None)
+        rest = super().parse_args(ctx, args)
+        loaded = ctx.meta.get(CONFIG_META)
+        if loaded is None:
+            return rest
+        for name, value in loaded["values"].items():
+            source = ctx.get_parameter_source(name)
+            parent = ctx.parent
+            if (parent is not None and name in parent.params
+                    and parent.get_parameter_source(name) is ParameterSource.COMMANDLINE):
+                ctx.params[name] = None  # given before the command name: the command line wins
+                ctx.set_parameter_source(name, ParameterSource.DEFAULT)
+            elif source is ParameterSource.ENVIRONMENT:  # the file wins over the environment
+                param = next(p for p in self.params if p.name == name)
+                ctx.params[name] = param.process_value(ctx, value)
+                ctx.set_parameter_source(name, ParameterSource.DEFAULT_MAP)
+        return rest
+
+    def reparse(self, ctx: click.Context) -> dict[str, Any]:
+        """The parameters again from the same arguments (the file read anew): for a reload.
+
+        Raises click.ClickException (ConfigFileError included) for a problem; nothing is applied then."""
+        again = self.make_context(ctx.info_name, list(ctx.meta.get(ARGS_META, [])), parent=ctx.parent)
+        return dict(again.params)
