@@ -383,7 +383,7 @@ REJECTED = [
         1,
         72,
     ),
-    (EVERY + "'1h' RUN AS r CALL s.p() NOW", "expected ENABLE, DISABLE, ';' or end of statement", 1, 65),
+    (EVERY + "'1h' RUN AS r CALL s.p() NOW", "expected WITH (...), ENABLE, DISABLE, ';' or end of statement", 1, 65),
     (EVERY + "'1h' RUN AS r CALL s.p(); SELECT 1", "after ';': only one statement is allowed", 1, 66),
     (EVERY + "'1h' RUN AS r CALL s.p();;", "unexpected ';' after ';'", 1, 65),
     ("ALTER JOB a.b", "expected ENABLE or DISABLE, found end of input", 1, 14),

@@ -86,7 +86,8 @@ class _Parser(TypeNameParser):
         arguments = self.arguments()
         options = self.with_options() if self.token.is_keyword("with") else {}
         enabled = self.enable_flag()
-        what = ("" if options else "WITH (...), ") + ("ENABLE, DISABLE, " if enabled is None else "")
+        what = ("WITH (...), " if not options and enabled is None else "") + (
+            "ENABLE, DISABLE, " if enabled is None else "")
         self.finish(what + "';' or end of statement")
         timeout_ms = self.timeout_option(options["timeout"]) if "timeout" in options else None
         return model.CreateJob(name, schedule, principal, procedure, arguments, enabled is not False, if_not_exists,
