@@ -177,7 +177,8 @@ def test_defaults_by_position_by_name_and_volatile(app: App) -> None:
     before = _one(app, "SELECT now()")
     name = app.job(f"CREATE JOB app.p {PAST} RUN AS {{p}} CALL app.p('x')")
     args = {a["position"]: a for a in app.state(name)["arguments"]}
-    assert args[2]["value"] == "5" and not args[2]["by_name"]
+    assert args[2]["value"] == "5"
+    assert not args[2]["by_name"]
     assert args[3]["type"] == "timestamp with time zone"  # now() frozen: the creation time
     assert _one(app, "SELECT %s::timestamptz >= %s", args[3]["value"], before)
     app.run()
