@@ -213,13 +213,6 @@ def test_claims_take_the_lease_length_and_renewal_is_fenced(app: App) -> None:
     assert app.conn.execute("SELECT radix.renew_leases('n1', ARRAY[%s], 600)", (token,)).fetchall() == []
 
 
-def test_renewal_is_not_for_ordinary_roles(app: App) -> None:
-    with psycopg.connect(app.dsn, autocommit=True) as conn:
-        conn.execute(f"SET ROLE {app.principal}")
-        with pytest.raises(psycopg.errors.InsufficientPrivilege):
-            conn.execute("SELECT radix.renew_leases('n', '{}', 1)")
-
-
 def test_a_lost_lease_ends_the_attempt_at_once(app: App) -> None:
     """ALTER JOB DISABLE under a running attempt: the next renewal finds the lease gone and ends it,
     instead of letting it run to its timeout."""
