@@ -3674,6 +3674,9 @@ REVOKE ALL ON FUNCTION radix.claim_due(text, integer, boolean, integer, integer)
 -- now; returns the tokens still held. A token missing from the result is a lost lease (ALTER JOB, DROP
 -- JOB CASCADE, or another node took the claim): the engine cancels that attempt. Nothing is renewed
 -- while the node is not alive (its control session gone): other nodes may then take its claims.
+-- A row locked by a writer (an attempt finalising, a claimer) is skipped, never waited for: it counts as
+-- held (as this statement's snapshot sees it) and is renewed next time if it still is. FOR NO KEY UPDATE
+-- does not conflict with the KEY SHARE lock a running atomic attempt holds.
 CREATE FUNCTION radix.renew_leases(node text, tokens uuid[], lease_seconds integer)
 RETURNS SETOF uuid
 LANGUAGE plpgsql VOLATILE
@@ -3686,9 +3689,17 @@ BEGIN
         RETURN;
     END IF;
     RETURN QUERY
-    UPDATE radix.radix_system_job_state s SET lease_expires_at = until, due_ns = radix.to_ns(until)
-    WHERE s.lease_token = ANY (tokens) AND s.lease_node = node AND s.status = 'running'
-    RETURNING s.lease_token;
+    WITH free AS (
+        SELECT s.job_id FROM radix.radix_system_job_state s
+        WHERE s.lease_token = ANY (tokens) AND s.lease_node = node AND s.status = 'running'
+        FOR NO KEY UPDATE SKIP LOCKED
+    ), renewed AS (
+        UPDATE radix.radix_system_job_state s SET lease_expires_at = until, due_ns = radix.to_ns(until)
+        FROM free f WHERE s.job_id = f.job_id
+        RETURNING 1
+    )
+    SELECT s.lease_token FROM radix.radix_system_job_state s
+    WHERE s.lease_token = ANY (tokens) AND s.lease_node = node AND s.status = 'running';
 END $$;
 REVOKE ALL ON FUNCTION radix.renew_leases(text, uuid[], integer) FROM PUBLIC;
 CREATE INDEX radix_system_job_state_token ON radix.radix_system_job_state (lease_token)
