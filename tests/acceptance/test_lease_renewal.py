@@ -3,6 +3,7 @@ lives, and is taken over promptly once that node is SIGKILLed (issue #12 §2).""
 
 from __future__ import annotations
 
+import json
 import signal
 import time
 from pathlib import Path
@@ -10,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from tests.acceptance.conftest import Run
 from tests.acceptance.serving import Serve
 from tests.apps import App
 from tests.support import wait_for
@@ -91,3 +93,36 @@ def test_a_long_job_is_taken_over_promptly_when_its_node_is_killed(app: App, tmp
     survivor = next(n for n in nodes if n != victim)
     assert [h["node"] for h in history] == [victim, survivor]
     assert [e[1] for e in app.effects()] == ["nap"]  # the killed attempt's effect was rolled back
+
+
+def test_cli_timeout_option_show_and_lease_flag(cli: Run, roles: Any) -> None:
+    worker = roles("worker")
+    made = cli("sql", "-c", f"""
+        CREATE SCHEMA ops;
+        GRANT USAGE ON SCHEMA ops TO {worker};
+        CREATE PROCEDURE ops.backup() LANGUAGE sql AS $$ SELECT 1 $$;
+        GRANT EXECUTE ON PROCEDURE ops.backup() TO {worker};
+        CREATE JOB ops.backup SCHEDULE AT TIMESTAMP '2020-01-01T00:00:00Z' RUN AS {worker} CALL ops.backup()
+          WITH (timeout = '2 hours');""")
+    assert made.returncode == 0, made.stderr
+    shown = cli("jobs", "show", "ops.backup")
+    assert shown.returncode == 0, shown.stderr
+    assert "2 hours" in shown.stdout
+    assert json.loads(cli("jobs", "show", "ops.backup", "--json").stdout)["deadline_ms"] == 7_200_000
+
+    ran = cli("run", "--once", "--lease-seconds", "30", "--json")
+    assert ran.returncode == 0, ran.stderr
+    assert json.loads(ran.stdout)["attempts"] == 1
+    shown = json.loads(cli("jobs", "show", "ops.backup", "--json").stdout)
+    assert (shown["status"], shown["next_run_at"]) == ("complete", None)
+
+    assert cli("run", "--once", "--lease-seconds", "1").returncode != 0
+    bad = cli("sql", "-c", f"CREATE JOB ops.x SCHEDULE EVERY INTERVAL '1 hour' RUN AS {worker} CALL ops.backup() "
+                           "WITH (retries = 3)")
+    assert bad.returncode != 0
+    assert 'unknown option "retries"' in bad.stderr
+    assert "Traceback" not in bad.stderr
+    fast = cli("sql", "-c", f"CREATE JOB ops.y SCHEDULE EVERY INTERVAL '1 millisecond' RUN AS {worker} "
+                            "CALL ops.backup()")
+    assert fast.returncode != 0
+    assert "minimum of 1 second" in fast.stderr

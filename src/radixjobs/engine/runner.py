@@ -5,6 +5,8 @@ Verbs (each one database round trip, each with its invariant):
 - ``claim_due``: a conditional update decided by the database clock; see radix.claim_due.
 - ``finish``: a fenced write of an observed outcome; does nothing when the lease was lost.
 - ``release``: hand back unstarted claims on shutdown.
+- ``renew`` (leases.py): every lease/3 s, one token-fenced UPDATE extends the leases of the attempts in
+  progress; a lease found gone ends its attempt. An attempt's length is bounded by its timeout, not its lease.
 """
 
 from __future__ import annotations
