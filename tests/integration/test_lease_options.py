@@ -155,6 +155,7 @@ def test_drop_job_while_a_live_node_holds_the_claim_is_refused(app: App) -> None
         control.execute("SELECT * FROM radix.claim_due('live-node', 10)")
         with pytest.raises(AdmissionError, match="an attempt is running"):
             catalog.drop_job(app.conn, name)
+    wait_for(lambda: not _one(app, "SELECT radix.node_alive('live-node')"), message="the node to die")
     assert catalog.drop_job(app.conn, name)  # the control session ended: the node is dead
 
 
@@ -209,8 +210,9 @@ def test_claims_take_the_lease_length_and_renewal_is_fenced(app: App) -> None:
                          "FROM radix.radix_system_job_state")
         assert 590 < left <= 600
         assert app.conn.execute("SELECT radix.renew_leases('n2', ARRAY[%s], 600)", (token,)).fetchall() == []
-    # the node's control session is gone: nothing is renewed
-    assert app.conn.execute("SELECT radix.renew_leases('n1', ARRAY[%s], 600)", (token,)).fetchall() == []
+    # the node's control session is gone (its backend exits asynchronously): nothing is renewed
+    wait_for(lambda: app.conn.execute("SELECT radix.renew_leases('n1', ARRAY[%s], 600)", (token,)).fetchall() == [],
+             message="the dead node's renewal to return nothing")
 
 
 def test_a_lost_lease_ends_the_attempt_at_once(app: App) -> None:

@@ -528,8 +528,9 @@ BEGIN
         error = jsonb_build_object('error', 'PL_JOB_ATTEMPT_FAILED', 'kind', 'lease_lost',
                                    'category', 'connection',
                                    'detail', jsonb_build_object('reason', 'job redefined'))
-    FROM radix.radix_system_job_state s
-    WHERE s.job_id = ANY (picked) AND s.status <> 'running' AND h.job_id = s.job_id AND h.status = 'running';
+    WHERE h.job_id = ANY (picked) AND h.status = 'running'  -- radix_system_job_history_running
+      AND NOT EXISTS (SELECT 1 FROM radix.radix_system_job_state s
+                      WHERE s.job_id = h.job_id AND s.status = 'running');
 
     RETURN QUERY
     WITH decided AS (
