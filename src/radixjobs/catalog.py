@@ -61,13 +61,14 @@ def _admission(conn: Conn, query: str, params: Sequence[Any]) -> Any:
 
 
 def create_job(conn: Conn, stmt: CreateJob, *, deadline_ms: int | None = None) -> uuid.UUID:
-    """CREATE JOB; returns the job id (the existing one with IF NOT EXISTS)."""
+    """CREATE JOB; returns the job id (the existing one with IF NOT EXISTS). ``deadline_ms`` (the
+    timeout) wins over the statement's WITH (timeout = ...); neither: 240 s."""
     args = [a.to_json() for a in stmt.arguments]
     result = _admission(
         conn,
         "SELECT radix.create_job(%s, %s, %s, %s, %s, %s, %s, %s)",
         (str(stmt.name), Jsonb(schedule_json(stmt.schedule)), stmt.principal, str(stmt.procedure),
-         Jsonb(args), stmt.enabled, stmt.if_not_exists, deadline_ms or 240_000),
+         Jsonb(args), stmt.enabled, stmt.if_not_exists, deadline_ms or stmt.timeout_ms or 240_000),
     )
     return uuid.UUID(str(result))
 
@@ -97,6 +98,21 @@ def perform(conn: Conn, stmt: JobStatement) -> str:
 def execute_job_ddl(conn: Conn, text: str) -> str:
     """Parse and carry out one job DDL statement; returns its command tag."""
     return perform(conn, ddl.parse_job_statement(text))
+
+
+_TIMEOUT_UNITS = (("day", 86_400_000), ("hour", 3_600_000), ("minute", 60_000), ("second", 1_000),
+                  ("millisecond", 1))
+
+
+def describe_timeout(ms: int) -> str:
+    """A job's timeout as WITH (timeout = ...) would give it: '2 hours', '1 day 30 minutes', '4 minutes'."""
+    parts = []
+    rest = int(ms)
+    for unit, size in _TIMEOUT_UNITS:
+        count, rest = divmod(rest, size)
+        if count:
+            parts.append(f"{count} {unit}{'' if count == 1 else 's'}")
+    return " ".join(parts) or "0 milliseconds"
 
 
 LIST_COLUMNS = ("name", "schedule", "principal", "procedure", "enabled", "definition_version", "status",

@@ -202,6 +202,7 @@ def jobs_show(opts: Options, name: str) -> None:
         raise RadixError(f"job {name} does not exist (or is not visible to this role)")
     human = dict(job)
     human["arguments"] = catalog.describe_arguments(job["arguments"])
+    human["timeout"] = catalog.describe_timeout(job["deadline_ms"])
     emit(opts, job, output.render_mapping(human))
 
 
@@ -252,9 +253,12 @@ def _history_row(row: dict[str, Any]) -> list[Any]:
 @click.option("--concurrency", default=8, show_default=True, type=click.IntRange(1, 256),
               help="Attempts run at the same time.")
 @max_per_principal_option("half of --concurrency")
+@click.option("--lease-seconds", default=300, show_default=True, type=click.IntRange(3, 86_400), metavar="N",
+              help="Claim lease; renewed every N/3 s while the attempt runs, so it bounds how long a dead "
+                   "node's claim blocks a job, not how long a job may run.")
 @common_options
 def run_command(opts: Options, once: bool, seconds: float | None, node_id: str | None, concurrency: int,
-                max_per_principal: int | None) -> None:
+                max_per_principal: int | None, lease_seconds: int) -> None:
     """Run due jobs of one database in the foreground (the daemon is `serve`)."""
     import asyncio
 
@@ -265,7 +269,7 @@ def run_command(opts: Options, once: bool, seconds: float | None, node_id: str |
 
     async def go(dsn: str) -> dict[str, Any]:
         async with Engine(dsn, node_id=node_id, concurrency=concurrency,
-                          max_per_principal=max_per_principal) as engine:
+                          max_per_principal=max_per_principal, lease_s=lease_seconds) as engine:
             ran = await engine.run_due() if once else await engine.run_for(seconds or 0.0)
             return {"attempts": ran, "node": engine.node_id, "counters": dict(engine.counters),
                     "last_error": engine.last_error}
@@ -306,6 +310,9 @@ def run_command(opts: Options, once: bool, seconds: float | None, node_id: str |
               help="Longest sleep between looks at the database (notifications wake it earlier).")
 @click.option("--discovery-interval", default=5.0, show_default=True, type=click.FloatRange(min=0.1),
               help="Seconds between looks for databases becoming ready or going away.")
+@click.option("--lease-seconds", default=300, show_default=True, type=click.IntRange(3, 86_400), metavar="N",
+              help="Claim lease; renewed every N/3 s while the attempt runs, so it bounds how long a dead "
+                   "node's claim blocks a job, not how long a job may run.")
 @click.option("--log-format", type=click.Choice(["text", "json"]), default="text", show_default=True)
 @click.option("--demo", is_flag=True, help="Install a demo job (demo.heartbeat, every 5 s) first.")
 @click.option("--service", "services", multiple=True, metavar="NAME=module:function",
@@ -315,7 +322,8 @@ def run_command(opts: Options, once: bool, seconds: float | None, node_id: str |
 def serve_command(opts: Options, http: str, http_max_connections: int | None, http_request_timeout: float,
                   http_auth: str, http_token: str | None, all_databases: bool, node_id: str | None, concurrency: int,
                   per_database_concurrency: int, max_per_principal: int | None, grace: float, poll: float,
-                  discovery_interval: float, log_format: str, demo: bool, services: tuple[str, ...]) -> None:
+                  discovery_interval: float, lease_seconds: int, log_format: str, demo: bool,
+                  services: tuple[str, ...]) -> None:
     """Run the scheduler daemon until SIGINT/SIGTERM."""
     import asyncio
     import signal
@@ -337,7 +345,8 @@ def serve_command(opts: Options, http: str, http_max_connections: int | None, ht
         config = DaemonConfig(dsn=target.dsn, all_databases=all_databases or target.embedded is not None,
                               concurrency=concurrency, per_database_concurrency=per_database_concurrency,
                               max_per_principal=max_per_principal,
-                              grace_s=grace, poll_s=poll, discovery_s=discovery_interval, services=allowed)
+                              grace_s=grace, poll_s=poll, discovery_s=discovery_interval, services=allowed,
+                              lease_s=lease_seconds)
         if node_id:
             config.node_id = node_id
         auth = _console_auth(target.dsn, http_auth, http_token)

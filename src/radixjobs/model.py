@@ -110,6 +110,7 @@ class CreateJob:
     arguments: tuple[CallArgument, ...] = ()
     enabled: bool = True
     if_not_exists: bool = False
+    timeout_ms: int | None = None  # WITH (timeout = '...'); None: the default (240 s)
 
 
 @dataclass(frozen=True)

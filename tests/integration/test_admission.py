@@ -669,6 +669,7 @@ def test_drop_restrict_waits_for_a_live_claim(site: Site) -> None:
     conn = site.connect(owner)
     catalog.execute_job_ddl(conn, create_ddl(owner))
     add_history(site)
+    site.su.execute("SELECT radix.register_node('node-1', 'h', 1)")  # alive while site.su is open
     simulate_claim(site)
     assert_refused(site, lambda: catalog.execute_job_ddl(conn, "DROP JOB app.nightly RESTRICT"), "55006", "running")
     assert_refused(site, lambda: catalog.execute_job_ddl(conn, "DROP JOB app.nightly"), "55006")

@@ -98,9 +98,11 @@ CASES: dict[str, Case] = {
     "untyped date string vs text": Case(("a date", "a text"), "'2026-01-01'", "work.p(text)"),
     "named picks by name": Case(("a integer", "b text"), "b => 'x'", "work.p(text)"),
     "named and defaulted": Case(DEFAULTS, "1, c => 5", "work.p(integer,text,integer)",
-                                bound=(("a", "integer", "1", False), ("c", "integer", "5", True))),
+                                bound=(("a", "integer", "1", False), ("c", "integer", "5", True),
+                                       ("b", "text", "x", False))),  # b's default, frozen
     "all named, any order": Case(DEFAULTS, "c => 5, a => 2", "work.p(integer,text,integer)",
-                                 bound=(("c", "integer", "5", True), ("a", "integer", "2", True))),
+                                 bound=(("c", "integer", "5", True), ("a", "integer", "2", True),
+                                        ("b", "text", "x", True))),
     "required parameter missing": Case(DEFAULTS, "c => 5", code="42883"),
     "unknown parameter name": Case(DEFAULTS, "1, z => 5", code="42883"),
     "OUT parameter needs an argument": Case(OUT_PARAM, "1", code="42883"),

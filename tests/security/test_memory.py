@@ -254,14 +254,12 @@ def test_a_db_function_result_never_reaches_the_scheduler(results: App) -> None:
     assert max(peaks) - peaks[0] < RSS_SLACK_KB, f"peak RSS (KiB) small, 64 MiB value, 64 MiB of rows: {peaks}"
 
 
-def test_an_inout_parameter_left_to_its_default_is_refused(app: App) -> None:
-    """PL/pgSQL (which keeps the result on the server) cannot CALL with an omitted INOUT argument."""
+def test_an_inout_parameter_left_to_its_default_gets_the_frozen_default(app: App) -> None:
+    """PL/pgSQL (which keeps the result on the server) cannot CALL with an omitted INOUT argument; since
+    defaults are frozen at CREATE JOB (0009), the omitted one is stored with its default's value."""
     app.conn.execute("CREATE PROCEDURE app.d(INOUT x text DEFAULT 'a') LANGUAGE sql AS $$ SELECT 'b' $$")
-    with pytest.raises(AdmissionError) as refused:
-        app.job(f"CREATE JOB app.d {EVERY_HOUR} RUN AS {{p}} CALL app.d()")
-    assert refused.value.code == "0A000"
-    assert "must pass an argument for each INOUT parameter of app.d(text): x has none" in str(refused.value)
-    app.job(f"CREATE JOB app.d {EVERY_HOUR} RUN AS {{p}} CALL app.d('a')")
+    app.job(f"CREATE JOB app.d {EVERY_HOUR} RUN AS {{p}} CALL app.d()")
+    assert [(a["name"], a["value"]) for a in app.state("app.d")["arguments"]] == [("x", "a")]
     assert _counts(app) == (1, 1, 0)
 
 

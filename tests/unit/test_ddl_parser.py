@@ -383,7 +383,7 @@ REJECTED = [
         1,
         72,
     ),
-    (EVERY + "'1h' RUN AS r CALL s.p() NOW", "expected ENABLE, DISABLE, ';' or end of statement", 1, 65),
+    (EVERY + "'1h' RUN AS r CALL s.p() NOW", "expected WITH (...), ENABLE, DISABLE, ';' or end of statement", 1, 65),
     (EVERY + "'1h' RUN AS r CALL s.p(); SELECT 1", "after ';': only one statement is allowed", 1, 66),
     (EVERY + "'1h' RUN AS r CALL s.p();;", "unexpected ';' after ';'", 1, 65),
     ("ALTER JOB a.b", "expected ENABLE or DISABLE, found end of input", 1, 14),
@@ -476,3 +476,48 @@ def test_operator_tokens_split_like_postgresql() -> None:
     # "=>-5" is "=>" then "-": an operator does not end in + or - (scan.l)
     assert [t.text for t in tokenize("x=>-5")] == ["x", "=>", "-", "5", ""]
     assert [t.text for t in tokenize("a@-b")] == ["a", "@-", "b", ""]
+
+
+# -- WITH (option = value, ...) and the 1-second minimum -------------------------------------------------
+
+CALL_P = "'1h' RUN AS r CALL s.p() "  # after EVERY: the WITH keyword starts at 1:65
+
+
+@pytest.mark.parametrize(("suffix", "timeout_ms", "enabled"), [
+    ("WITH (timeout = '2 hours')", 7_200_000, True),
+    ("with ( TIMEOUT = '1h30m' ) DISABLE", 5_400_000, False),
+    ("WITH (timeout = '7 days') ENABLE;", 604_800_000, True),
+    ("WITH (timeout = '1.5 seconds')", 1_500, True),
+    ("DISABLE", None, False),
+])
+def test_with_options(suffix: str, timeout_ms: int | None, enabled: bool) -> None:
+    stmt = parse_job_statement(EVERY + CALL_P + suffix)
+    assert isinstance(stmt, CreateJob)
+    assert (stmt.timeout_ms, stmt.enabled) == (timeout_ms, enabled)
+
+
+@pytest.mark.parametrize(("suffix", "fragment", "column"), [
+    ("WITH (retries = 3)", 'unknown option "retries" (accepted: timeout)', 71),
+    ("WITH (timeout = '1 hour', nice = 5)", 'unknown option "nice"', 91),
+    ("WITH (timeout = '1h', timeout = '2h')", 'option "timeout" is given more than once', 87),
+    ("WITH (timeout = '8 days')", "above the maximum of 7 days", 81),
+    ("WITH (timeout = '1 month')", "month", 81),
+    ("WITH (timeout = 60)", "timeout must be an interval string", 81),
+    ("WITH (timeout '1h')", "expected '=' after option timeout", 79),
+    ("WITH timeout = '1h'", "expected '(' after WITH", 70),
+    ("WITH (timeout = '1h'", "expected ',' or ')' after an option", 85),
+    ("DISABLE WITH (timeout = '1h')", "expected ';' or end of statement, found 'WITH'", 73),
+])
+def test_rejected_with_options(suffix: str, fragment: str, column: int) -> None:
+    with pytest.raises(ParseError) as caught:
+        parse_job_statement(EVERY + CALL_P + suffix)
+    assert fragment in caught.value.message
+    assert caught.value.position == SourcePosition(1, column)
+
+
+@pytest.mark.parametrize("interval", ["1 millisecond", "999 ms", "0.5 seconds", "500000 microseconds"])
+def test_intervals_under_a_second_are_refused(interval: str) -> None:
+    with pytest.raises(ParseError) as caught:
+        parse_job_statement(f"{EVERY}'{interval}' RUN AS r CALL s.p()")
+    assert "shorter than the minimum of 1 second" in caught.value.message
+    assert caught.value.position == SourcePosition(1, 40)

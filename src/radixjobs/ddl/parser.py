@@ -30,6 +30,9 @@ _REJECTED_WORDS |= dict.fromkeys(_VALUE_FUNCTIONS.split(), "function calls are n
 _REJECTED_WORDS |= {"not": "operators are not allowed in", "case": "CASE expressions are not allowed in"}
 _REJECTED_WORDS |= {"row": "row constructors are not allowed as"}
 _OPERATOR_WORDS = _words("and or not is isnull notnull in like ilike similar between collate at overlaps")
+MIN_EVERY_NS = 1_000_000_000  # the schedule's units start at seconds
+MAX_TIMEOUT_MS = 7 * 86_400_000  # radix.max_timeout_ms()
+JOB_OPTIONS = ("timeout",)  # WITH (name = value, ...): the options CREATE JOB accepts
 _TYPE_STARTERS = ("double", "national", "character", "char", "nchar", "bit", "interval", "timestamp", "time")
 
 
@@ -81,9 +84,50 @@ class _Parser(TypeNameParser):
         self.expect("call", "CALL")
         procedure = self.qualified_name("procedure name", "schema.procedure")
         arguments = self.arguments()
+        options = self.with_options() if self.token.is_keyword("with") else {}
         enabled = self.enable_flag()
-        self.finish(("ENABLE, DISABLE, " if enabled is None else "") + "';' or end of statement")
-        return model.CreateJob(name, schedule, principal, procedure, arguments, enabled is not False, if_not_exists)
+        what = ("WITH (...), " if not options and enabled is None else "") + (
+            "ENABLE, DISABLE, " if enabled is None else "")
+        self.finish(what + "';' or end of statement")
+        timeout_ms = self.timeout_option(options["timeout"]) if "timeout" in options else None
+        return model.CreateJob(name, schedule, principal, procedure, arguments, enabled is not False, if_not_exists,
+                               timeout_ms)
+
+    def with_options(self) -> dict[str, tuple[Token, Token]]:
+        """``WITH (name = value, ...)``, PostgreSQL's storage-parameter style: every option is parsed the
+        same way (a name, '=', one string, number or word), then checked against JOB_OPTIONS."""
+        self.advance()
+        self.expect_punct("(", "'(' after WITH")
+        options: dict[str, tuple[Token, Token]] = {}
+        while True:
+            name = self.identifier("an option name")
+            if name.value not in JOB_OPTIONS:
+                accepted = ", ".join(JOB_OPTIONS)
+                raise self.fail(f"unknown option \"{name.value}\" (accepted: {accepted})", name)
+            if name.value in options:
+                raise self.fail(f"option \"{name.value}\" is given more than once", name)
+            self.expect_punct("=", f"'=' after option {name.value}")
+            value = self.token
+            if value.kind not in (TokenKind.STRING, TokenKind.NUMBER, TokenKind.IDENT):
+                raise self.expected(f"a value for option {name.value}")
+            self.advance()
+            options[name.value] = (name, value)
+            if self.token.is_punct(")"):
+                self.advance()
+                return options
+            self.expect_punct(",", "',' or ')' after an option")
+
+    def timeout_option(self, option: tuple[Token, Token]) -> int:
+        """timeout = '<interval>' (units as in SCHEDULE), at most 7 days; in milliseconds."""
+        value = option[1]
+        if value.kind is not TokenKind.STRING:
+            raise self.fail("timeout must be an interval string, e.g. timeout = '2 hours'", value)
+        ns = self.convert(sched.parse_interval, value)
+        if ns < 1_000_000:
+            raise self.fail(f"timeout '{value.value}' must be at least 1 millisecond", value)
+        if ns > MAX_TIMEOUT_MS * 1_000_000:
+            raise self.fail(f"timeout '{value.value}' is above the maximum of 7 days", value)
+        return ns // 1_000_000
 
     def drop_job(self) -> model.DropJob:
         self.advance()
@@ -142,7 +186,10 @@ class _Parser(TypeNameParser):
         self.expect("schedule", "SCHEDULE")
         if self.accept("every"):
             self.expect("interval", "INTERVAL after EVERY")
-            interval = self.convert(sched.parse_interval, self.string_literal("an interval string"))
+            literal = self.string_literal("an interval string")
+            interval = self.convert(sched.parse_interval, literal)
+            if interval < MIN_EVERY_NS:
+                raise self.fail(f"interval '{literal.value}' is shorter than the minimum of 1 second", literal)
             starting_at = None
             if self.accept("starting"):
                 self.expect("at", "AT after STARTING")

@@ -77,6 +77,7 @@ class _Watched:
 
     conn: psycopg.AsyncConnection[Any]
     pid: int
+    lease_token: uuid.UUID | None = None
     ending: asyncio.Task[None] | None = None
 
 
@@ -86,7 +87,8 @@ class AttemptRunner:
     The watchdog costs a timer per attempt, and a task only when it has to act: past deadline + grace,
     or when ``cancel`` is set (then the running statement is cancelled, and the backend ended after the
     grace). statement_timeout can be trapped (EXCEPTION WHEN query_canceled) or outlived; termination
-    from the scheduler's connection cannot, so an attempt never outlives its lease.
+    from the scheduler's connection cannot, so an attempt never outlives its timeout (plus the grace),
+    nor its lease: ``lose(token)`` ends it at once when lease renewal finds the lease gone (leases.py).
     """
 
     def __init__(self, terminate: Terminate, *, grace_s: float = 5.0):
@@ -101,7 +103,7 @@ class AttemptRunner:
         """Run the attempt; never raises for failures of the procedure or the connection."""
         atomic = not job.non_atomic
         started = time.monotonic()
-        watched = _Watched(conn, conn.info.backend_pid)
+        watched = _Watched(conn, conn.info.backend_pid, claim.lease_token)
         self._active.add(watched)
         timer = asyncio.get_running_loop().call_later(job.deadline_ms / 1000 + self.grace_s, self._end,
                                                       watched, False)
@@ -125,6 +127,15 @@ class AttemptRunner:
         outcome.deadline_expired = not outcome.succeeded and elapsed_ms >= job.deadline_ms
         outcome.cancel_requested = cancel.is_set()
         return outcome
+
+    def lose(self, token: uuid.UUID) -> bool:
+        """The lease of the attempt holding ``token`` is gone: end its backend now. False when no
+        attempt with that token is running here."""
+        for watched in list(self._active):
+            if watched.lease_token == token:
+                self._end(watched, False)
+                return True
+        return False
 
     def close(self) -> None:
         """Stop watching for cancellation (the engine is closing)."""

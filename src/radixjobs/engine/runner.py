@@ -5,6 +5,8 @@ Verbs (each one database round trip, each with its invariant):
 - ``claim_due``: a conditional update decided by the database clock; see radix.claim_due.
 - ``finish``: a fenced write of an observed outcome; does nothing when the lease was lost.
 - ``release``: hand back unstarted claims on shutdown.
+- ``renew`` (leases.py): every lease/3 s, one token-fenced UPDATE extends the leases of the attempts in
+  progress; a lease found gone ends its attempt. An attempt's length is bounded by its timeout, not its lease.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from radixjobs.engine.definitions import (
     JobDefinition,
     definition_from_row,
 )
+from radixjobs.engine.leases import DEFAULT_LEASE_S, LeaseKeeper
 from radixjobs.engine.nodes import register_node
 from radixjobs.engine.planning import CRON_DUE, plan_cron
 from radixjobs.engine.principals import PrincipalPools
@@ -73,7 +76,8 @@ class Engine:
 
     def __init__(self, dsn: str, *, node_id: str | None = None, concurrency: int = 8,
                  grace_s: float = 5.0, pause: Pause | None = None, shared_slots: Slots | None = None,
-                 finished: asyncio.Event | None = None, max_per_principal: int | None = None):
+                 finished: asyncio.Event | None = None, max_per_principal: int | None = None,
+                 lease_s: int = DEFAULT_LEASE_S):
         self.dsn = scheduler_dsn(dsn)
         self.node_id = node_id or default_node_id()
         self.concurrency = concurrency
@@ -96,6 +100,10 @@ class Engine:
         self.stopping = False
         self.cancel = asyncio.Event()
         self._pause = pause
+        self.lease_s = lease_s
+        self._leases: set[uuid.UUID] = set()  # tokens of this engine's claims in progress
+        self._lease_keeper = LeaseKeeper(self._pool, self.node_id, lease_s, lambda: set(self._leases),
+                                         self._lose)
 
     async def __aenter__(self) -> Engine:
         await self.start()
@@ -108,6 +116,7 @@ class Engine:
         """Open connections and register this node: it is alive while its control session is."""
         await self._pool.open(wait=True)
         self._control = await register_node(self.dsn, self.node_id)
+        self._lease_keeper.start()
 
     async def shutdown(self, grace_s: float) -> None:
         """Stop claiming; wait up to ``grace_s`` for running attempts, then cancel them (recorded as
@@ -125,6 +134,7 @@ class Engine:
         self.stopping = True
         if self._running:
             await asyncio.gather(*self._running, return_exceptions=True)
+        await self._lease_keeper.stop()
         try:
             async with self._pool.connection() as conn:
                 await conn.execute("SELECT radix.release_claims(%s)", (self.node_id,))
@@ -143,13 +153,15 @@ class Engine:
         them alone; they are planned (missed ones coalesced), then claimed. A cron tick never runs stale."""
         async with self._pool.connection() as conn:
             async with conn.pipeline():
-                claim_cur = await conn.execute(CLAIM, (self.node_id, limit, False, self.max_per_principal))
+                claim_cur = await conn.execute(CLAIM, (self.node_id, limit, False, self.max_per_principal,
+                                                       self.lease_s))
                 after_cur = await conn.execute(AFTER_CLAIM, (self.max_per_principal,))
             rows = await claim_cur.fetchall()
             after = await after_cur.fetchone()
             if after and after[1] and len(rows) < limit:
                 self.counters["coalesced_ticks"] += await plan_cron(conn)
-                cur = await conn.execute(CLAIM, (self.node_id, limit - len(rows), True, self.max_per_principal))
+                cur = await conn.execute(CLAIM, (self.node_id, limit - len(rows), True, self.max_per_principal,
+                                                 self.lease_s))
                 rows += await cur.fetchall()
                 after_cur = await conn.execute(NEXT_DUE, (self.max_per_principal,))
                 after = await after_cur.fetchone()
@@ -211,6 +223,7 @@ class Engine:
         self._shared.release(granted - len(claims))
         self.claim_filled = len(claims) == granted
         for claim in claims:
+            self._leases.add(claim.lease_token)
             task = asyncio.create_task(self._run_claim(claim))
             self._running.add(task)
             task.add_done_callback(self._attempt_done)
@@ -256,6 +269,16 @@ class Engine:
 
     # -- one attempt -----------------------------------------------------------------------------
     async def _run_claim(self, claim: Claim) -> None:
+        try:
+            await self._run_claimed(claim)
+        finally:
+            self._leases.discard(claim.lease_token)
+
+    def _lose(self, token: uuid.UUID) -> None:
+        """Lease renewal found this claim's lease gone: end its attempt (it could not finalise)."""
+        self._runner.lose(token)
+
+    async def _run_claimed(self, claim: Claim) -> None:
         job = await self._definition(claim.job_id, claim.definition_version)
         if job is None:  # dropped or altered since the claim: the lease is fenced anyway
             return

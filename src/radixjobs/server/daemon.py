@@ -21,6 +21,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from radixjobs import migrate, retry
 from radixjobs.db import first_line, scheduler_dsn
 from radixjobs.documents.scheduler import COUNTER_KEYS as DOCUMENT_COUNTER_KEYS
+from radixjobs.engine.leases import DEFAULT_LEASE_S
 from radixjobs.engine.runner import COUNTER_KEYS
 from radixjobs.engine.slots import Slots
 from radixjobs.server.owner import DatabaseOwner
@@ -43,6 +44,7 @@ class DaemonConfig:
     poll_s: float = 1.0
     discovery_s: float = 5.0
     services: dict[str, str] = field(default_factory=dict)  # CSP services allowed besides entry points
+    lease_s: int = DEFAULT_LEASE_S  # claim lease, renewed every third of it while the attempt runs
 
 
 def dsn_for_database(dsn: str, dbname: str) -> str:
@@ -136,7 +138,7 @@ class Daemon:
         owner = DatabaseOwner(name, dsn, node_id=self.config.node_id, slots=self.slots,
                               concurrency=self.config.per_database_concurrency, poll_s=self.config.poll_s,
                               grace_s=self.config.grace_s, services=self.config.services,
-                              max_per_principal=self.config.max_per_principal)
+                              max_per_principal=self.config.max_per_principal, lease_s=self.config.lease_s)
         self.owners[name] = (owner, asyncio.create_task(owner.run(), name=f"owner:{name}"))
         log.info("serving database db=%s node=%s", name, self.config.node_id)
 

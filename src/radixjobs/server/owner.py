@@ -15,6 +15,7 @@ from psycopg import sql
 from radixjobs.db import first_line, scheduler_dsn
 from radixjobs.documents.scheduler import DocumentScheduler
 from radixjobs.engine import Engine
+from radixjobs.engine.leases import DEFAULT_LEASE_S
 from radixjobs.engine.slots import Slots
 from radixjobs.preflight import log_principal_checks
 
@@ -29,8 +30,9 @@ class DatabaseOwner:
 
     def __init__(self, name: str, dsn: str, *, node_id: str, slots: Slots, concurrency: int,
                  poll_s: float = 1.0, grace_s: float = 5.0, services: Mapping[str, str] | None = None,
-                 max_per_principal: int | None = None):
+                 max_per_principal: int | None = None, lease_s: int = DEFAULT_LEASE_S):
         self.name = name
+        self.lease_s = lease_s
         self.dsn = dsn
         self.node_id = node_id
         self.slots = slots
@@ -84,7 +86,8 @@ class DatabaseOwner:
 
     async def _serve(self) -> None:
         engine = Engine(self.dsn, node_id=self.node_id, concurrency=self.concurrency, grace_s=5.0,
-                        shared_slots=self.slots, finished=self.wake, max_per_principal=self.max_per_principal)
+                        shared_slots=self.slots, finished=self.wake, max_per_principal=self.max_per_principal,
+                        lease_s=self.lease_s)
         await engine.start()
         self.engine = engine
         documents = DocumentScheduler(self.dsn, node_id=f"{self.node_id}:docs", services=self.services,
