@@ -49,10 +49,15 @@ def common_options(func: F) -> F:
 
 
 def _flag_wins(ctx: click.Context, name: str, own: Any, parent: Any) -> Any:
-    """The command's own flag, else the global flag before the command, else the environment: the
-    environment fills both options alike, so the parent's value (its flag or the same variable) wins over
-    the command's value when that came from the environment."""
-    if own is not None and ctx.get_parameter_source(name) is click.core.ParameterSource.COMMANDLINE:
+    """Command line (the command's own flag, then the global one before the command), then the config file
+    (``serve --config``: click's default map), then the environment, which fills both options alike."""
+    source = click.core.ParameterSource
+    parent_source = ctx.find_root().get_parameter_source(name)
+    if own is not None and ctx.get_parameter_source(name) is source.COMMANDLINE:
+        return own
+    if parent is not None and parent_source is source.COMMANDLINE:
+        return parent
+    if own is not None and ctx.get_parameter_source(name) is source.DEFAULT_MAP:
         return own
     return parent if parent is not None else own
 

@@ -166,11 +166,11 @@ def test_a_worker_whose_scheduler_stopped_listening_ends_quietly(tmp_path: Path)
     """The result of a service finishing after the verdict goes nowhere: no BrokenPipeError, no traceback."""
     receiver, sender = multiprocessing.Pipe(duplex=False)
     receiver.close()
-    services._worker(f"{__name__}:_late", {"marker": str(tmp_path / "m"), "sleep": 0}, sender)
+    services._serve_call(f"{__name__}:_late", {"marker": str(tmp_path / "m"), "sleep": 0}, sender)
     assert (tmp_path / "m").read_text() == "done"
     receiver, sender = multiprocessing.Pipe(duplex=False)
     receiver.close()
-    services._worker("no_such_module_here:f", None, sender)  # the error report goes nowhere quietly too
+    services._serve_call("no_such_module_here:f", None, sender)  # the error report goes nowhere quietly too
 
 
 @pytest.mark.parametrize(("value", "kind"), [("str", "a string"), (42, "a number"), (None, "null"),

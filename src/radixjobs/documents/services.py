@@ -129,8 +129,13 @@ def _die_with_parent(parent_pid: int, lifeline: Connection) -> None:
 
 
 def _worker(spec: str, params: Any, reply: Connection, parent_pid: int, lifeline: Connection) -> None:
-    """Entry point of the worker process: call the service, send ("ok", None) or ("error", text)."""
+    """Entry point of the worker process: tied to its scheduler's life, then the call."""
     _die_with_parent(parent_pid, lifeline)
+    _serve_call(spec, params, reply)
+
+
+def _serve_call(spec: str, params: Any, reply: Connection) -> None:
+    """Call the service, send ("ok", None) or ("error", text); a scheduler no longer listening is no error."""
     try:
         result = _load(spec)(params)
         if inspect.isawaitable(result):
