@@ -1,6 +1,6 @@
 """``radixjobs docs``: apply / list / show / run, as a user types them.
 
-The group is exercised with click's CliRunner on ``radixjobs.cli_docs.docs_group``; once the group is
+The group is exercised with click's CliRunner on ``radixjobs.cli.docs.docs_group``; once the group is
 registered in ``radixjobs.cli``, the subprocess test at the end runs the real command too.
 """
 
@@ -14,7 +14,7 @@ import psycopg
 import pytest
 from click.testing import CliRunner, Result
 
-from radixjobs.cli_docs import docs_group
+from radixjobs.cli.docs import docs_group
 from radixjobs.errors import RadixError
 from tests.acceptance.conftest import Run
 from tests.support import SEED

@@ -12,7 +12,7 @@ import sys
 import click
 
 from radixjobs import output, preflight
-from radixjobs.cli_common import Options, common_options, emit, ensure_schema
+from radixjobs.cli.common import Options, common_options, emit, ensure_schema
 from radixjobs.config import open_target
 from radixjobs.db import connect
 

@@ -10,7 +10,7 @@ from typing import Any
 import click
 
 from radixjobs import output
-from radixjobs.cli_common import (
+from radixjobs.cli.common import (
     Options,
     common_options,
     database,

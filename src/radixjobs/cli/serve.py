@@ -1,0 +1,210 @@
+"""``radixjobs serve`` (the daemon, its HTTP status and console) and ``radixjobs status``."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import click
+import psycopg
+
+from radixjobs import output
+from radixjobs.cli.common import Options, common_options, database, emit, ensure_schema, max_per_principal_option
+from radixjobs.config import open_target
+from radixjobs.config_file import ConfigFileCommand, config_option
+from radixjobs.db import connect
+from radixjobs.errors import ConnectError
+
+
+@click.command("serve", cls=ConfigFileCommand)
+@config_option
+@click.option("--http", "http", default="127.0.0.1:7317", show_default=True, metavar="HOST:PORT|off",
+              help="Status endpoint address (port 0 picks a free port).")
+@click.option("--http-max-connections", type=click.IntRange(1, 100_000), default=None, metavar="N",
+              help="Most HTTP connections open at once; more are closed on accept. [default: from the "
+                   "descriptor limit less what the scheduler needs, at most 64]")
+@click.option("--http-request-timeout", type=click.FloatRange(0.1, 3600), default=10.0, show_default=True,
+              metavar="SECONDS", help="Time an HTTP client gets to send a complete request (idle and slow "
+                                      "clients are disconnected after it).")
+@click.option("--http-auth", type=click.Choice(["token", "postgres"]), default="token", show_default=True,
+              help="Console login: a token, or a PostgreSQL role and password (docs/console.md).")
+@click.option("--http-token", envvar="RADIXJOBS_HTTP_TOKEN", default=None, metavar="TOKEN",
+              help="The console's token (env RADIXJOBS_HTTP_TOKEN) [default: a random one, printed at start].")
+@click.option("--all-databases", is_flag=True, help="Serve every ready database of the cluster.")
+@click.option("--node-id", default=None, help="This node's id (default host:pid).")
+@click.option("--concurrency", default=32, show_default=True, type=click.IntRange(1, 1024),
+              help="Attempts running at once on this node.")
+@click.option("--per-database-concurrency", default=8, show_default=True, type=click.IntRange(1, 1024),
+              help="Attempts running at once per database.")
+@max_per_principal_option("half of --per-database-concurrency")
+@click.option("--grace", default=30.0, show_default=True, type=click.FloatRange(min=0),
+              help="Seconds running attempts get to finish on shutdown before they are cancelled.")
+@click.option("--poll", default=1.0, show_default=True, type=click.FloatRange(min=0.01),
+              help="Longest sleep between looks at the database (notifications wake it earlier).")
+@click.option("--discovery-interval", default=5.0, show_default=True, type=click.FloatRange(min=0.1),
+              help="Seconds between looks for databases becoming ready or going away.")
+@click.option("--lease-seconds", default=300, show_default=True, type=click.IntRange(3, 86_400), metavar="N",
+              help="Claim lease; renewed every N/3 s while the attempt runs, so it bounds how long a dead "
+                   "node's claim blocks a job, not how long a job may run.")
+@click.option("--log-format", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@click.option("--demo", is_flag=True, help="Install a demo job (demo.heartbeat, every 5 s) first.")
+@click.option("--service", "services", multiple=True, metavar="NAME=module:function",
+              help="Register a CSP service for CRON_TABLE documents (besides the radixjobs.services entry "
+                   "points); who may use it is granted in the database (radixjobs docs grant-service).")
+@common_options
+def serve_command(opts: Options, http: str, http_max_connections: int | None, http_request_timeout: float,
+                  http_auth: str, http_token: str | None, all_databases: bool, node_id: str | None, concurrency: int,
+                  per_database_concurrency: int, max_per_principal: int | None, grace: float, poll: float,
+                  discovery_interval: float, lease_seconds: int, log_format: str, demo: bool,
+                  services: tuple[str, ...]) -> None:
+    """Run the scheduler daemon until SIGINT/SIGTERM."""
+    import asyncio
+    import signal
+
+    from radixjobs.server import Daemon, DaemonConfig
+    from radixjobs.server.http import parse_http
+    from radixjobs.server.logs import configure
+    from radixjobs.server.reload import parse_services, serve_reloader
+
+    try:
+        address = parse_http(http)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--http") from None
+    allowed = parse_services(services)
+    configure(logging.INFO, log_format)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # a reload before the daemon runs must not end it
+    with open_target(opts.dsn, opts.home) as target:
+        _check_at_start(target, demo)
+        config = DaemonConfig(dsn=target.dsn, all_databases=all_databases or target.embedded is not None,
+                              concurrency=concurrency, per_database_concurrency=per_database_concurrency,
+                              max_per_principal=max_per_principal,
+                              grace_s=grace, poll_s=poll, discovery_s=discovery_interval, services=allowed,
+                              lease_s=lease_seconds)
+        if node_id:
+            config.node_id = node_id
+        auth = _console_auth(target.dsn, http_auth, http_token)
+        daemon = Daemon(config)
+        daemon.reloader = serve_reloader(click.get_current_context(), daemon)
+        asyncio.run(_serve(daemon, address, demo, http_max_connections, http_request_timeout, auth))
+
+
+def _check_at_start(target: Any, demo: bool) -> None:
+    """The schema is checked (embedded: installed) now; an external server that cannot be reached yet is
+    waited for by the daemon (PostgreSQL down at start is not an error)."""
+    try:
+        conn = connect(target.dsn)
+    except ConnectError:
+        if target.embedded is not None or demo:
+            raise
+        return  # the daemon logs it (once) and retries with backoff
+    with conn:
+        ensure_schema(conn, target)
+        if demo:
+            _install_demo(conn)
+
+
+def _console_auth(dsn: str, mode: str, token: str | None) -> Any:
+    from radixjobs.server.console import ConsoleAuth
+    from radixjobs.server.console.auth import refuse_passwordless
+
+    if mode == "postgres":
+        if token:
+            raise click.BadParameter("a token is for --http-auth token", param_hint="--http-token")
+        refuse_passwordless(dsn)
+        return ConsoleAuth("postgres")
+    if token is not None and len(token) < 16:
+        raise click.BadParameter("the console token must be at least 16 characters", param_hint="--http-token")
+    return ConsoleAuth("token", token)
+
+
+async def _serve(daemon: Any, address: tuple[str, int] | None, demo: bool, max_connections: int | None,
+                 request_timeout_s: float, auth: Any = None) -> None:
+    from radixjobs.server.connections import raise_nofile_limit
+    from radixjobs.server.http import http_limits, start_http
+
+    daemon.install_signal_handlers()
+    http_server = None
+    if address is not None:
+        limits = http_limits(daemon, max_connections, request_timeout_s)
+        http_server, http_task, port = await start_http(daemon, *address, limits, auth)
+        base = f"http://{address[0]}:{port}"
+        logging.getLogger("radixjobs.server").info(
+            "status %s/status metrics %s/metrics health %s/healthz node=%s http_max_connections=%s "
+            "http_request_timeout_s=%s", base, base, base, daemon.config.node_id, limits.max_connections,
+            limits.request_timeout_s, extra={"fields": {"http": base, "node": daemon.config.node_id,
+                                                        "http_max_connections": limits.max_connections}})
+        click.echo(f"radixjobs serving (node {daemon.config.node_id}); status: {base}/status, "
+                   f"metrics: {base}/metrics", err=True)
+        if auth is not None and auth.mode == "token" and auth.generated:  # shown once, never logged
+            click.echo(f"console: {base}/login?token={auth.token}", err=True)
+        else:
+            how = "a PostgreSQL role" if auth is not None and auth.mode == "postgres" else "your token"
+            click.echo(f"console: {base}/ (log in with {how})", err=True)
+    else:
+        raise_nofile_limit()
+    if demo:
+        click.echo("demo job demo.heartbeat runs every 5 s: see `radixjobs jobs history demo.heartbeat` "
+                   "or `radixjobs sql -c 'select * from demo.runs order by id desc limit 5'`", err=True)
+    try:
+        await daemon.run()
+    finally:
+        if http_server is not None:
+            http_server.should_exit = True
+            await http_task
+
+
+def _install_demo(conn: psycopg.Connection[Any]) -> None:
+    from radixjobs.migrate import read_sql
+    from radixjobs.scripts import run_script
+
+    for _ in run_script(conn, read_sql("demo.sql")):
+        pass
+
+
+
+
+@click.command("status")
+@click.option("--http", "http", default="127.0.0.1:7317", show_default=True, metavar="HOST:PORT|URL",
+              help="Where a running daemon answers (HOST:PORT, or an http:// URL of it).")
+@common_options
+def status_command(opts: Options, http: str) -> None:
+    """Status of a running daemon, or (when none answers) of the database."""
+    import json as jsonlib
+    import urllib.request
+
+    url = _status_url(http)
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:  # noqa: S310 (an http:// URL, checked)
+            value = {"source": "daemon", **jsonlib.loads(response.read())}
+    except (OSError, ValueError):
+        with database(opts) as conn:
+            value = {"source": "database", **_database_status(conn)}
+    human = output.render_mapping({k: v for k, v in value.items() if not isinstance(v, dict | list)})
+    for key in ("counters", "jobs_by_status"):
+        if isinstance(value.get(key), dict):
+            human += "\n" + key + ":\n" + output.render_mapping(value[key])
+    emit(opts, value, human)
+
+
+def _status_url(value: str) -> str:
+    """The /status URL of ``HOST:PORT`` or ``http://HOST:PORT[/]``; a usage error naming the problem."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(value if "://" in value else f"http://{value}")
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    if (parts.scheme != "http" or not parts.hostname or port is None or parts.path not in ("", "/")
+            or parts.query or parts.fragment or parts.username is not None):
+        raise click.BadParameter(f"expected HOST:PORT or http://HOST:PORT, got {value!r}", param_hint="--http")
+    return f"http://{parts.netloc}/status"
+
+
+def _database_status(conn: psycopg.Connection[Any]) -> dict[str, Any]:
+    by_status = dict(conn.execute("SELECT status, count(*) FROM radix.job_overview GROUP BY status").fetchall())
+    nodes = conn.execute("SELECT radix.live_node_count()").fetchone()  # any role (radix.nodes is not)
+    last = conn.execute("SELECT error FROM radix.job_history WHERE error IS NOT NULL "
+                        "ORDER BY history_id DESC LIMIT 1").fetchone()
+    return {"database": conn.info.dbname, "live_nodes": nodes[0] if nodes else 0, "jobs_by_status": by_status,
+            "last_error": last[0] if last else None}
