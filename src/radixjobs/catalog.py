@@ -17,19 +17,22 @@ import psycopg
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
-from radixjobs import ddl
+from radixjobs import ddl, schedule
 from radixjobs.errors import AdmissionError
 from radixjobs.model import (
     AlterJob,
     AtSchedule,
+    CallArgument,
     CreateJob,
     EverySchedule,
     JobStatement,
     QualifiedName,
+    RunJob,
     Schedule,
 )
 
 Conn = psycopg.Connection[Any]
+MAX_REQUESTED_TICKS = 10_000  # radix.max_requested_ticks()
 
 
 def schedule_json(schedule: Schedule) -> dict[str, Any]:
@@ -61,21 +64,73 @@ def _admission(conn: Conn, query: str, params: Sequence[Any]) -> Any:
 
 
 def create_job(conn: Conn, stmt: CreateJob, *, deadline_ms: int | None = None) -> uuid.UUID:
-    """CREATE JOB; returns the job id (the existing one with IF NOT EXISTS). ``deadline_ms`` (the
-    timeout) wins over the statement's WITH (timeout = ...); neither: 240 s."""
+    """CREATE [OR REPLACE] JOB; returns the job id (the existing one with IF NOT EXISTS or OR REPLACE).
+    ``deadline_ms`` (the timeout) wins over the statement's WITH (timeout = ...); neither: 240 s."""
     args = [a.to_json() for a in stmt.arguments]
+    options = stmt.options_json()
+    if deadline_ms is not None:
+        options["timeout"] = deadline_ms
     result = _admission(
         conn,
-        "SELECT radix.create_job(%s, %s, %s, %s, %s, %s, %s, %s)",
+        "SELECT radix.create_job(%s, %s, %s, %s, %s, %s, %s, options => %s, or_replace => %s)",
         (str(stmt.name), Jsonb(schedule_json(stmt.schedule)), stmt.principal, str(stmt.procedure),
-         Jsonb(args), stmt.enabled, stmt.if_not_exists, deadline_ms or stmt.timeout_ms or 240_000),
+         Jsonb(args), stmt.enabled, stmt.if_not_exists, Jsonb(options), stmt.or_replace),
     )
     return uuid.UUID(str(result))
 
 
-def alter_job(conn: Conn, name: QualifiedName | str, *, enabled: bool) -> bool:
-    """ALTER JOB … ENABLE/DISABLE; True when the state changed (and definition_version was bumped)."""
-    return bool(_admission(conn, "SELECT radix.alter_job(%s, %s)", (str(name), enabled)))
+def alter_job(conn: Conn, name: QualifiedName | str, *, enabled: bool | None = None,
+              schedule: Schedule | None = None, run_as: str | None = None,
+              procedure: QualifiedName | str | None = None, arguments: Sequence[CallArgument] | None = None,
+              options: dict[str, str | int] | None = None, reset: Sequence[str] = (),
+              rename_to: QualifiedName | str | None = None) -> bool:
+    """ALTER JOB: ENABLE/DISABLE, SET SCHEDULE, SET RUN AS, SET CALL (``procedure`` with ``arguments``),
+    SET (``options``), RESET (``reset``), RENAME TO. True when the job changed (definition_version bumped)."""
+    return bool(_admission(
+        conn,
+        "SELECT radix.alter_job(%s, enabled => %s, schedule => %s, run_as => %s, procedure => %s, "
+        "arguments => %s, options => %s, reset => %s, rename_to => %s)",
+        (str(name), enabled, None if schedule is None else Jsonb(schedule_json(schedule)), run_as,
+         None if procedure is None else str(procedure),
+         None if procedure is None else Jsonb([a.to_json() for a in arguments or ()]),
+         Jsonb(options) if options else None, list(reset) or None,
+         None if rename_to is None else str(rename_to))))
+
+
+def run_job(conn: Conn, name: QualifiedName | str) -> str:
+    """RUN JOB: queue one attempt now (it waits for a running one); returns its idempotency key."""
+    return str(_admission(conn, "SELECT radix.run_job(%s)", (str(name),)))
+
+
+def backfill_job(conn: Conn, name: QualifiedName | str, start: dt.datetime | int, end: dt.datetime | int) -> int:
+    """RUN JOB … FOR RANGE: queue every tick of the schedule in [start, end) (and not after now) that has
+    not succeeded, oldest first; returns how many. Cron ticks are computed here, with the scheduler's code."""
+    start_ns, end_ns = (_as_ns(v) for v in (start, end))
+    job = get_job(conn, name)
+    ticks: list[int] | None = None
+    if job is not None and job["schedule_kind"] == "cron":
+        ticks = []
+        tick = start_ns - 1
+        while True:
+            tick = schedule.next_cron_tick(job["cron_expression"], job["cron_time_zone"], tick)
+            if tick >= end_ns:
+                break
+            ticks.append(tick)
+            if len(ticks) > MAX_REQUESTED_TICKS:
+                raise AdmissionError(f"RUN JOB would queue more than {MAX_REQUESTED_TICKS} ticks, above the limit "
+                                     "per statement. Hint: split the range.", "54000")
+    return int(_admission(
+        conn, "SELECT radix.backfill_job(%s, radix.from_ns(%s), radix.from_ns(%s), %s::pg_catalog.int8[])",
+        (str(name), start_ns, end_ns, ticks)))
+
+
+def _as_ns(value: dt.datetime | int) -> int:
+    if isinstance(value, int):
+        return value
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=dt.UTC)
+    delta = value - dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+    return (delta.days * 86_400 + delta.seconds) * 1_000_000_000 + delta.microseconds * 1_000
 
 
 def drop_job(conn: Conn, name: QualifiedName | str, *, if_exists: bool = False, cascade: bool = False) -> bool:
@@ -89,8 +144,15 @@ def perform(conn: Conn, stmt: JobStatement) -> str:
         create_job(conn, stmt)
         return "CREATE JOB"
     if isinstance(stmt, AlterJob):
-        alter_job(conn, stmt.name, enabled=stmt.enabled)
+        alter_job(conn, stmt.name, enabled=stmt.enabled, schedule=stmt.schedule, run_as=stmt.principal,
+                  procedure=stmt.procedure, arguments=stmt.arguments, options=dict(stmt.options), reset=stmt.reset,
+                  rename_to=stmt.rename_to)
         return "ALTER JOB"
+    if isinstance(stmt, RunJob):
+        if stmt.range_from_ns is None or stmt.range_to_ns is None:
+            run_job(conn, stmt.name)
+            return "RUN JOB"
+        return f"RUN JOB {backfill_job(conn, stmt.name, stmt.range_from_ns, stmt.range_to_ns)}"
     drop_job(conn, stmt.name, if_exists=stmt.if_exists, cascade=stmt.cascade)
     return "DROP JOB"
 

@@ -111,12 +111,39 @@ class CreateJob:
     enabled: bool = True
     if_not_exists: bool = False
     timeout_ms: int | None = None  # WITH (timeout = '...'); None: the default (240 s)
+    options: tuple[tuple[str, str | int], ...] = ()  # WITH (...) other than timeout, checked (JobOptions)
+    or_replace: bool = False  # CREATE OR REPLACE JOB
+
+    def options_json(self) -> dict[str, str | int]:
+        """The admission function's options document (the timeout in milliseconds)."""
+        out: dict[str, str | int] = dict(self.options)
+        if self.timeout_ms is not None:
+            out["timeout"] = self.timeout_ms
+        return out
 
 
 @dataclass(frozen=True)
 class AlterJob:
+    """ALTER JOB: every field that is not None (or empty) is a change."""
+
     name: QualifiedName
-    enabled: bool
+    enabled: bool | None = None
+    schedule: Schedule | None = None  # SET SCHEDULE
+    principal: str | None = None  # SET RUN AS
+    procedure: QualifiedName | None = None  # SET CALL, with ``arguments``
+    arguments: tuple[CallArgument, ...] = ()
+    options: tuple[tuple[str, str | int], ...] = ()  # SET (...); a timeout in milliseconds
+    reset: tuple[str, ...] = ()  # RESET (...)
+    rename_to: QualifiedName | None = None  # RENAME TO
+
+
+@dataclass(frozen=True)
+class RunJob:
+    """RUN JOB name: one attempt now; with a range (FOR RANGE TIMESTAMP a TO TIMESTAMP b), a backfill."""
+
+    name: QualifiedName
+    range_from_ns: int | None = None
+    range_to_ns: int | None = None
 
 
 @dataclass(frozen=True)
@@ -126,7 +153,7 @@ class DropJob:
     cascade: bool = False
 
 
-JobStatement = CreateJob | AlterJob | DropJob
+JobStatement = CreateJob | AlterJob | DropJob | RunJob
 
 
 class JobStatus(enum.StrEnum):

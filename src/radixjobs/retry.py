@@ -269,9 +269,10 @@ def backoff_ns(attempt: int) -> int:
     return min(BACKOFF_BASE_NS << min(attempt - 1, 63), BACKOFF_CAP_NS)
 
 
-def decide(attempt: int, cause: Cause) -> RetryDecision:
-    """Retry a retryable cause while attempts remain; ``delay_ns`` is 0 when not retrying."""
-    if cause.retryable and attempt < MAX_ATTEMPTS:
+def decide(attempt: int, cause: Cause, max_attempts: int = MAX_ATTEMPTS) -> RetryDecision:
+    """Retry a retryable cause while attempts remain (``max_attempts`` per tick, the job's WITH
+    (max_attempts = N)); ``delay_ns`` is 0 when not retrying."""
+    if cause.retryable and attempt < max_attempts:
         return RetryDecision(True, backoff_ns(attempt))
     return RetryDecision(False, 0)
 

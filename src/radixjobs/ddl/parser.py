@@ -4,19 +4,19 @@ only ParseError. The CALL clause's constants are parsed by :mod:`radixjobs.ddl.c
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
 from radixjobs import model
 from radixjobs import schedule as sched
 from radixjobs.ddl.constants import ConstantParser
+from radixjobs.ddl.options import JOB_OPTIONS, check_option
 from radixjobs.ddl.tokens import Token, TokenKind
 from radixjobs.errors import ScheduleError
 from radixjobs.model import JobStatement, QualifiedName
 
 T = TypeVar("T")
 MIN_EVERY_NS = 1_000_000_000  # the schedule's units start at seconds
-MAX_TIMEOUT_MS = 7 * 86_400_000  # radix.max_timeout_ms()
-JOB_OPTIONS = ("timeout",)  # WITH (name = value, ...): the options CREATE JOB accepts
 
 
 def parse_job_statement(text: str) -> JobStatement:
@@ -32,81 +32,160 @@ class _Parser(ConstantParser):
         if first.is_keyword("create"):
             return self.create_job()
         if first.is_keyword("alter"):
-            self.advance()
-            self.expect("job", "JOB after ALTER")
-            name = self.qualified_name("job name", "schema.name")
-            enabled = self.enable_flag()
-            if enabled is None:
-                raise self.expected("ENABLE or DISABLE")
-            self.finish()
-            return model.AlterJob(name, enabled)
+            return self.alter_job()
         if first.is_keyword("drop"):
             return self.drop_job()
         if first.is_keyword("run") and self.peek().is_keyword("job"):
-            raise self.fail("RUN JOB is not supported in this version", first)
-        raise self.expected("CREATE JOB, ALTER JOB or DROP JOB")
+            return self.run_job()
+        raise self.expected("CREATE JOB, ALTER JOB, DROP JOB or RUN JOB")
 
     def create_job(self) -> model.CreateJob:
         self.advance()
+        or_replace = False
         if self.token.is_keyword("or"):
-            or_token = self.advance()
+            self.advance()
             self.expect("replace", "REPLACE after OR")
-            self.expect("job", "JOB after CREATE OR REPLACE")
-            raise self.fail("CREATE OR REPLACE JOB is not supported in this version", or_token)
-        self.expect("job", "JOB after CREATE")
+            or_replace = True
+        self.expect("job", "JOB after CREATE OR REPLACE" if or_replace else "JOB after CREATE")
+        if_token = self.token
         if_not_exists = self.if_clause("not", "exists")
+        if if_not_exists and or_replace:
+            raise self.fail("CREATE OR REPLACE JOB cannot take IF NOT EXISTS", if_token)
         name = self.qualified_name("job name", "schema.name")
-        schedule = self.schedule()
+        schedule, zone_given = self.schedule()
         self.expect("run", "RUN AS")
         self.expect("as", "AS after RUN")
         principal = self.principal()
         self.expect("call", "CALL")
         procedure = self.qualified_name("procedure name", "schema.procedure")
         arguments = self.arguments()
-        options = self.with_options() if self.token.is_keyword("with") else {}
+        options = self.options("with") if self.token.is_keyword("with") else {}
         enabled = self.enable_flag()
         what = ("WITH (...), " if not options and enabled is None else "") + (
             "ENABLE, DISABLE, " if enabled is None else "")
         self.finish(what + "';' or end of statement")
-        timeout_ms = self.timeout_option(options["timeout"]) if "timeout" in options else None
+        schedule = self.zoned(schedule, zone_given, options)
+        timeout = options.pop("timeout", None)
         return model.CreateJob(name, schedule, principal, procedure, arguments, enabled is not False, if_not_exists,
-                               timeout_ms)
+                               None if timeout is None else int(timeout[1]),
+                               tuple((k, v) for k, (_, v) in options.items()), or_replace)
 
-    def with_options(self) -> dict[str, tuple[Token, Token]]:
-        """``WITH (name = value, ...)``, PostgreSQL's storage-parameter style: every option is parsed the
-        same way (a name, '=', one string, number or word), then checked against JOB_OPTIONS."""
+    def alter_job(self) -> model.AlterJob:
+        """ALTER JOB name action [, action …]; actions: ENABLE, DISABLE, SET SCHEDULE …, SET RUN AS role,
+        SET CALL proc(…), SET (option = value, …), RESET (option, …); or RENAME TO schema.name alone."""
         self.advance()
-        self.expect_punct("(", "'(' after WITH")
-        options: dict[str, tuple[Token, Token]] = {}
+        self.expect("job", "JOB after ALTER")
+        name = self.qualified_name("job name", "schema.name")
+        if self.accept("rename"):
+            self.expect("to", "TO after RENAME")
+            new_name = self.qualified_name("new job name", "schema.name")
+            self.finish()
+            return model.AlterJob(name, rename_to=new_name)
+        change = _AlterChanges()
         while True:
-            name = self.identifier("an option name")
-            if name.value not in JOB_OPTIONS:
-                accepted = ", ".join(JOB_OPTIONS)
-                raise self.fail(f"unknown option \"{name.value}\" (accepted: {accepted})", name)
-            if name.value in options:
-                raise self.fail(f"option \"{name.value}\" is given more than once", name)
+            start = self.token
+            if not change.take(self, self.alter_action()):
+                raise self.fail("this is changed more than once in the statement", start)
+            if not self.token.is_punct(","):
+                break
+            self.advance()
+        self.finish("',' and another action, ';' or end of statement")
+        schedule = None if change.schedule is None else self.zoned(*change.schedule, change.options)
+        timeout = change.options.get("timeout")
+        options = [(k, v) for k, (_, v) in change.options.items()]
+        if timeout is not None:
+            options = [(k, v) for k, v in options if k != "timeout"] + [("timeout", int(timeout[1]))]
+        procedure, arguments = change.call if change.call is not None else (None, ())
+        return model.AlterJob(name, change.enabled, schedule, change.principal, procedure, arguments,
+                              tuple(options), change.reset)
+
+    def alter_action(self) -> tuple[str, object]:
+        flag = self.enable_flag()
+        if flag is not None:
+            return "enabled", flag
+        if self.accept("reset"):
+            return "reset", self.reset_names()
+        if not self.accept("set"):
+            raise self.expected("ENABLE, DISABLE, SET, RESET or RENAME TO")
+        if self.token.is_keyword("schedule"):
+            return "schedule", self.schedule()
+        if self.accept("run"):
+            self.expect("as", "AS after SET RUN")
+            return "principal", self.principal()
+        if self.accept("call"):
+            procedure = self.qualified_name("procedure name", "schema.procedure")
+            return "call", (procedure, self.arguments())
+        if self.token.is_punct("("):
+            return "options", self.options(None)
+        raise self.expected("SCHEDULE, RUN AS, CALL or '(' after SET")
+
+    def run_job(self) -> model.RunJob:
+        self.advance()
+        self.advance()  # JOB
+        name = self.qualified_name("job name", "schema.name")
+        if not self.accept("for"):
+            self.finish("FOR RANGE, ';' or end of statement")
+            return model.RunJob(name)
+        self.expect("range", "RANGE after FOR")
+        start_token = self.token
+        start = self.timestamp()
+        self.expect("to", "TO after the range's start")
+        end = self.timestamp()
+        if end <= start:
+            raise self.fail("the range's end must be after its start", start_token)
+        self.finish()
+        return model.RunJob(name, start, end)
+
+    def options(self, keyword: str | None) -> dict[str, tuple[Token, str | int]]:
+        """``WITH (name = value, ...)`` (keyword "with") or ``SET (...)``: every option is parsed the same
+        way (a name, '=', one string, number or word), then checked (ddl.options)."""
+        if keyword is not None:
+            self.advance()
+        self.expect_punct("(", f"'(' after {keyword.upper() if keyword else 'SET'}")
+        options: dict[str, tuple[Token, str | int]] = {}
+        while True:
+            name = self.option_name(options)
             self.expect_punct("=", f"'=' after option {name.value}")
             value = self.token
             if value.kind not in (TokenKind.STRING, TokenKind.NUMBER, TokenKind.IDENT):
                 raise self.expected(f"a value for option {name.value}")
             self.advance()
-            options[name.value] = (name, value)
+            options[name.value] = (name, check_option(name, value, self.fail))
             if self.token.is_punct(")"):
                 self.advance()
                 return options
             self.expect_punct(",", "',' or ')' after an option")
 
-    def timeout_option(self, option: tuple[Token, Token]) -> int:
-        """timeout = '<interval>' (units as in SCHEDULE), at most 7 days; in milliseconds."""
-        value = option[1]
-        if value.kind is not TokenKind.STRING:
-            raise self.fail("timeout must be an interval string, e.g. timeout = '2 hours'", value)
-        ns = self.convert(sched.parse_interval, value)
-        if ns < 1_000_000:
-            raise self.fail(f"timeout '{value.value}' must be at least 1 millisecond", value)
-        if ns > MAX_TIMEOUT_MS * 1_000_000:
-            raise self.fail(f"timeout '{value.value}' is above the maximum of 7 days", value)
-        return ns // 1_000_000
+    def reset_names(self) -> tuple[str, ...]:
+        self.expect_punct("(", "'(' after RESET")
+        names: dict[str, tuple[Token, str | int]] = {}
+        while True:
+            name = self.option_name(names)
+            names[name.value] = (name, "")
+            if self.token.is_punct(")"):
+                self.advance()
+                return tuple(names)
+            self.expect_punct(",", "',' or ')' after an option name")
+
+    def option_name(self, seen: dict[str, tuple[Token, str | int]]) -> Token:
+        name = self.identifier("an option name")
+        if name.value not in JOB_OPTIONS:
+            raise self.fail(f"unknown option \"{name.value}\" (accepted: {', '.join(JOB_OPTIONS)})", name)
+        if name.value in seen:
+            raise self.fail(f"option \"{name.value}\" is given more than once", name)
+        return name
+
+    def zoned(self, schedule: model.Schedule, zone_given: bool,
+              options: dict[str, tuple[Token, str | int]]) -> model.Schedule:
+        """Apply WITH (time_zone = …) to a CRON schedule without TIME ZONE; refuse it anywhere else."""
+        if "time_zone" not in options:
+            return schedule
+        token, zone = options.pop("time_zone")
+        if not isinstance(schedule, model.CronSchedule):
+            raise self.fail("option time_zone applies to CRON schedules only", token)
+        if zone_given:
+            raise self.fail("the time zone is given twice (TIME ZONE and time_zone)", token)
+        return replace(schedule, time_zone=str(zone))
 
     def drop_job(self) -> model.DropJob:
         self.advance()
@@ -161,7 +240,8 @@ class _Parser(ConstantParser):
             raise self.fail("the principal is a role name and cannot be schema-qualified", name)
         return name.value
 
-    def schedule(self) -> model.Schedule:
+    def schedule(self) -> tuple[model.Schedule, bool]:
+        """The schedule, and whether a CRON schedule named its TIME ZONE."""
         self.expect("schedule", "SCHEDULE")
         if self.accept("every"):
             self.expect("interval", "INTERVAL after EVERY")
@@ -173,19 +253,20 @@ class _Parser(ConstantParser):
             if self.accept("starting"):
                 self.expect("at", "AT after STARTING")
                 starting_at = self.timestamp()
-            return model.EverySchedule(interval, starting_at)
+            return model.EverySchedule(interval, starting_at), False
         if self.accept("at"):
-            return model.AtSchedule(self.timestamp())
+            return model.AtSchedule(self.timestamp()), False
         if self.accept("cron"):
             expression = self.string_literal("a cron expression string")
             zone = "UTC"
+            zone_given = self.token.is_keyword("time")
             if self.accept("time"):
                 self.expect("zone", "ZONE after TIME")
                 zone_token = self.string_literal("a time zone name string")
                 zone = zone_token.value
                 self.convert(sched.load_time_zone, zone_token)
             self.convert(lambda text: sched.validate_cron(text, zone), expression)
-            return model.CronSchedule(expression.value, zone)
+            return model.CronSchedule(expression.value, zone), zone_given
         raise self.expected("EVERY, AT or CRON after SCHEDULE")
 
     def timestamp(self) -> int:
@@ -198,3 +279,25 @@ class _Parser(ConstantParser):
             return parse(literal.value)
         except ScheduleError as exc:
             raise self.fail(str(exc), literal) from None
+
+
+@dataclass
+class _AlterChanges:
+    """The actions of one ALTER JOB statement, each at most once."""
+
+    enabled: bool | None = None
+    schedule: tuple[model.Schedule, bool] | None = None
+    principal: str | None = None
+    call: tuple[QualifiedName, tuple[model.CallArgument, ...]] | None = None
+    options: dict[str, tuple[Token, str | int]] = field(default_factory=dict)
+    reset: tuple[str, ...] = ()
+    seen: set[str] = field(default_factory=set)
+
+    def take(self, parser: _Parser, action: tuple[str, object]) -> bool:
+        """Record an action; False when it was already given."""
+        key, value = action
+        if key in self.seen:
+            return False
+        self.seen.add(key)
+        setattr(self, key, value)
+        return True

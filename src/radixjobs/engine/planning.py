@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import deque
 from typing import Any
 
 import psycopg
@@ -11,13 +12,14 @@ from radixjobs import schedule
 from radixjobs.errors import ScheduleError
 
 MAX_COALESCE_STEPS = 100_000
+MAX_MISSED_TICKS = 1_000  # radix.max_missed_ticks(): with coalesce = off, the missed ticks still run
 
 # Cron jobs are found through the partial index jobs_cron, never by reading every job.
 DUE_CRON = """
 SELECT s.job_id, s.definition_version, s.planned_ns, s.anchor_ns, j.cron_expression, j.cron_time_zone,
-       radix.to_ns(clock_timestamp()) AS now_ns
+       radix.to_ns(clock_timestamp()) AS now_ns, j.coalesce_ticks
 FROM radix.jobs j JOIN radix.radix_system_job_state s USING (job_id)
-WHERE j.schedule_kind = 'cron' AND s.status = 'scheduled'
+WHERE j.schedule_kind = 'cron' AND s.status = 'scheduled' AND s.request_kind IS NULL
   AND (s.planned_ns IS NULL OR s.due_ns <= radix.to_ns(clock_timestamp()))
 FOR UPDATE OF s SKIP LOCKED
 """
@@ -25,7 +27,7 @@ FOR UPDATE OF s SKIP LOCKED
 # Does a cron job need planning before its tick may be claimed? (Same rows as DUE_CRON, no locks.)
 CRON_DUE = """
 EXISTS (SELECT 1 FROM radix.jobs j JOIN radix.radix_system_job_state s USING (job_id)
-        WHERE j.schedule_kind = 'cron' AND s.status = 'scheduled'
+        WHERE j.schedule_kind = 'cron' AND s.status = 'scheduled' AND s.request_kind IS NULL
           AND (s.planned_ns IS NULL OR s.due_ns <= radix.to_ns(clock_timestamp())))
 """
 
@@ -36,15 +38,20 @@ WHERE job_id = %s AND definition_version = %s AND status = 'scheduled'
 """
 
 
-def latest_due_tick(expression: str, time_zone: str, first_ns: int, now_ns: int) -> tuple[int, int]:
-    """(latest cron tick <= now, ticks skipped before it), starting from the due tick ``first_ns``."""
-    tick, skipped = first_ns, 0
+def latest_due_tick(expression: str, time_zone: str, first_ns: int, now_ns: int,
+                    keep: int = 1) -> tuple[int, int]:
+    """(the tick to run, ticks skipped before it), starting from the due tick ``first_ns``: the latest
+    cron tick <= now, or with ``keep`` > 1 (coalesce = off) the oldest of the ``keep`` latest ones."""
+    due: deque[int] = deque([first_ns], maxlen=keep)
+    seen = 1
+    tick = first_ns
     for _ in range(MAX_COALESCE_STEPS):
-        following = schedule.next_cron_tick(expression, time_zone, tick)
-        if following > now_ns:
+        tick = schedule.next_cron_tick(expression, time_zone, tick)
+        if tick > now_ns:
             break
-        tick, skipped = following, skipped + 1
-    return tick, skipped
+        due.append(tick)
+        seen += 1
+    return due[0], seen - len(due)
 
 
 async def plan_cron(conn: psycopg.AsyncConnection[Any]) -> int:
@@ -52,12 +59,13 @@ async def plan_cron(conn: psycopg.AsyncConnection[Any]) -> int:
     skipped_total = 0
     async with conn.transaction():
         cur = await conn.execute(DUE_CRON)
-        for job_id, version, planned, anchor, expression, zone, now_ns in await cur.fetchall():
+        for job_id, version, planned, anchor, expression, zone, now_ns, coalesce in await cur.fetchall():
             try:
                 tick = planned if planned is not None else schedule.next_cron_tick(expression, zone, anchor)
                 status, error = "scheduled", None
                 if tick <= now_ns:
-                    tick, skipped = latest_due_tick(expression, zone, tick, now_ns)
+                    tick, skipped = latest_due_tick(expression, zone, tick, now_ns,
+                                                    1 if coalesce else MAX_MISSED_TICKS)
                     skipped_total += skipped
                 else:
                     skipped = 0

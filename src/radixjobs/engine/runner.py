@@ -324,7 +324,7 @@ class Engine:
         failure = retry.attempt_failure(cause, sqlstate=outcome.sqlstate, message=outcome.message,
                                         job_id=claim.job_id, attempt=claim.attempt,
                                         planned_at_ns=claim.planned_ns, idempotency_key=claim.idempotency_key)
-        decision = retry.decide(claim.attempt, cause)
+        decision = retry.decide(claim.attempt, cause, job.max_attempts)
         self.counters[f"failures_{cause.category}"] += 1
         self.last_error = failure.to_json()
         if decision.retry:
@@ -357,14 +357,17 @@ class Engine:
         return bool(row and row[0])
 
     async def _definition(self, job_id: uuid.UUID, version: int) -> JobDefinition | None:
-        """The definition a claim runs under (cached, bounded: least recently used dropped first)."""
+        """The definition a claim runs under (cached, bounded: least recently used dropped first); None
+        when the job was dropped."""
         job = self._definitions.get((job_id, version))
         if job is None:
             async with self._pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
                 await cur.execute(LOAD_DEFINITIONS, ([job_id],))
                 row = await cur.fetchone()
-            if row is None or int(row["definition_version"]) != version:
+            if row is None:
                 return None
+            # a newer version than the claim's (ALTER since the claim) runs as the claim was made: a
+            # re-armed job's lease is gone (begin_attempt refuses), a renamed one's is not
             job = definition_from_row(row)
             self._definitions.put(job)
         return job

@@ -1,0 +1,52 @@
+"""Job options, ``WITH (name = value, …)`` at CREATE and ``SET (…)`` / ``RESET (…)`` at ALTER, PostgreSQL's
+storage-parameter style. Each value is checked here, at its token, and again by the database
+(radix._normalise_options), which stores it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from radixjobs import schedule as sched
+from radixjobs.ddl.tokens import Token, TokenKind
+from radixjobs.errors import ParseError, ScheduleError
+
+MAX_TIMEOUT_MS = 7 * 86_400_000  # radix.max_timeout_ms()
+OPTION_DEFAULTS = {"timeout": "4 minutes", "max_attempts": "5", "history": "256", "coalesce": "on",
+                   "time_zone": "UTC (CRON only)"}
+JOB_OPTIONS = tuple(OPTION_DEFAULTS)
+_SWITCH = {"on": "on", "true": "on", "yes": "on", "1": "on", "off": "off", "false": "off", "no": "off", "0": "off"}
+
+
+def check_option(name: Token, value: Token, fail: Callable[[str, Token], ParseError]) -> str | int:
+    """The value of option ``name`` as the database takes it (a timeout in milliseconds), or raise
+    ``fail(message, token)`` naming the problem at the value's token."""
+    text = value.value
+    if name.value == "timeout":
+        if value.kind is not TokenKind.STRING:
+            raise fail("timeout must be an interval string, e.g. timeout = '2 hours'", value)
+        try:
+            ns = sched.parse_interval(text)
+        except ScheduleError as exc:
+            raise fail(str(exc), value) from None
+        if ns < 1_000_000:
+            raise fail(f"timeout '{text}' must be at least 1 millisecond", value)
+        if ns > MAX_TIMEOUT_MS * 1_000_000:
+            raise fail(f"timeout '{text}' is above the maximum of 7 days", value)
+        return ns // 1_000_000
+    if name.value in ("max_attempts", "history"):
+        top = 10 if name.value == "max_attempts" else 100_000
+        if value.kind not in (TokenKind.NUMBER, TokenKind.STRING) or not text.isdigit() or not 1 <= int(text) <= top:
+            raise fail(f"{name.value} must be an integer from 1 to {top}", value)
+        return int(text)
+    if name.value == "coalesce":
+        if text.lower() not in _SWITCH:
+            raise fail("coalesce must be on or off", value)
+        return _SWITCH[text.lower()]
+    # time_zone
+    if value.kind is not TokenKind.STRING:
+        raise fail("time_zone must be a string, e.g. time_zone = 'Europe/Berlin'", value)
+    try:
+        sched.load_time_zone(text)
+    except ScheduleError as exc:
+        raise fail(str(exc), value) from None
+    return text
