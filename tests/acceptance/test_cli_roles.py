@@ -87,7 +87,7 @@ def test_the_owner_lists_shows_and_reads_the_history_of_its_job(tenants: dict[st
     assert attempt["status"] == "succeeded"
     human = owner.ok("jobs", "history", job)
     header = human.splitlines()[0].split("|")
-    assert [h.strip() for h in header] == ["status", "planned_at", "started_at", "duration", "attempt",
+    assert [h.strip() for h in header] == ["status", "run", "planned_at", "started_at", "duration", "attempt",
                                            "category", "message"]
     assert "succeeded" in human
     assert ("ms" in human or " s" in human)

@@ -51,7 +51,8 @@ def test_run_job_runs_now_with_its_own_key_and_keeps_the_schedule(app: App) -> N
     effects = app.effects()
     assert len(effects) == 1
     key = effects[0][6]
-    assert key.startswith(_job_id(app, name) + "/") and int(key.split("/")[1]) != planned
+    assert key.startswith(_job_id(app, name) + "/")
+    assert int(key.split("/")[1]) != planned
     history = app.history(name)
     assert [(h["status"], h["run_kind"]) for h in history] == [("succeeded", "run")]
     state = app.state(name)
@@ -68,7 +69,7 @@ def test_run_job_works_on_a_disabled_job_and_leaves_it_disabled(app: App) -> Non
 
 
 def test_run_job_of_a_completed_one_time_job_keeps_it_complete(app: App) -> None:
-    name = app.job(f"CREATE JOB app.once SCHEDULE AT TIMESTAMP '2000-01-01T00:00:00Z' RUN AS {{p}} "
+    name = app.job("CREATE JOB app.once SCHEDULE AT TIMESTAMP '2000-01-01T00:00:00Z' RUN AS {p} "
                    "CALL app.record('once')")
     app.run()
     assert app.state(name)["status"] == "complete"
@@ -108,11 +109,10 @@ def test_run_job_waits_for_a_running_attempt(app: App) -> None:
             await engine.dispatch_due()  # nothing claimable: the job is running
             assert app.state(name)["queued_runs"] == 1
             holder.rollback()
-            await asyncio.to_thread(wait_for, lambda: app.state(name)["queued_runs"] == 0
-                                    and app.state(name)["status"] == "scheduled" and app.state(name)["request_kind"] == "run")
+            await asyncio.to_thread(wait_for, lambda: (app.state(name)["queued_runs"], app.state(name)["status"],
+                                                       app.state(name)["request_kind"]) == (0, "scheduled", "run"))
             await engine.run_due()
-            while engine.running:
-                await asyncio.sleep(0.01)
+            await asyncio.to_thread(wait_for, lambda: engine.running == 0)
             keys = [h["idempotency_key"] for h in app.history(name)]
             assert keys == [first, second]
 
@@ -127,16 +127,16 @@ def test_run_job_waits_for_a_running_attempt(app: App) -> None:
 def test_run_job_needs_the_rights_of_alter(app: App, roles: Any) -> None:
     name = app.job(f"CREATE JOB app.mine {HOURLY} RUN AS {{p}} CALL app.record('x')")
     stranger = roles("stranger")
-    with psycopg.connect(app.dsn, user=stranger, autocommit=True) as other:
-        with pytest.raises(AdmissionError, match="does not exist|must be owner"):
-            catalog.run_job(other, name)
+    with psycopg.connect(app.dsn, user=stranger, autocommit=True) as other, \
+            pytest.raises(AdmissionError, match=r"does not exist|must be owner"):
+        catalog.run_job(other, name)
     assert app.conn.execute("SELECT count(*) FROM radix.job_requests").fetchone() == (0,)
 
 
 # -- backfill -----------------------------------------------------------------------------------------
 
 def _backfill_job(app: App) -> str:
-    return app.job(f"CREATE JOB app.fill SCHEDULE EVERY INTERVAL '1 hour' STARTING AT TIMESTAMP "
+    return app.job("CREATE JOB app.fill SCHEDULE EVERY INTERVAL '1 hour' STARTING AT TIMESTAMP "
                    "'2026-01-01T00:00:00Z' RUN AS {p} CALL app.record('fill')")
 
 
@@ -160,9 +160,9 @@ def test_backfill_runs_each_tick_once_even_when_repeated(app: App) -> None:
 
 def test_backfill_is_bounded_and_stoppable(app: App) -> None:
     name = _backfill_job(app)
+    catalog.execute_job_ddl(app.conn, "ALTER JOB app.fill SET SCHEDULE EVERY INTERVAL '1 minute' "
+                                      "STARTING AT TIMESTAMP '2026-01-01T00:00:00Z'")
     with pytest.raises(AdmissionError, match="above the limit of 10000"):
-        catalog.execute_job_ddl(app.conn, "ALTER JOB app.fill SET SCHEDULE EVERY INTERVAL '1 minute' "
-                                          "STARTING AT TIMESTAMP '2026-01-01T00:00:00Z'")
         catalog.backfill_job(app.conn, name, dt.datetime(2026, 1, 1), dt.datetime(2026, 2, 1))
     assert app.state(name)["queued_runs"] == 0
     catalog.execute_job_ddl(app.conn, "ALTER JOB app.fill SET SCHEDULE EVERY INTERVAL '1 hour' "
@@ -202,12 +202,14 @@ def test_alter_set_schedule_keeps_history_and_recomputes_the_tick(app: App) -> N
     before = app.state(name)
     catalog.execute_job_ddl(app.conn, "ALTER JOB app.alt SET SCHEDULE EVERY INTERVAL '30 minutes'")
     after = app.state(name)
-    assert after["job_id"] == before["job_id"] and after["definition_version"] == before["definition_version"] + 1
+    assert after["job_id"] == before["job_id"]
+    assert after["definition_version"] == before["definition_version"] + 1
     assert after["interval_ns"] == HOUR_NS // 2
     # the grid anchor is kept: the next tick is on anchor + k * 30 min
     anchor = app.conn.execute("SELECT anchor_ns FROM radix.radix_system_job_state WHERE job_id = %s",
                               (after["job_id"],)).fetchone()
-    assert anchor is not None and (after["planned_ns"] - anchor[0]) % (HOUR_NS // 2) == 0
+    assert anchor is not None
+    assert (after["planned_ns"] - anchor[0]) % (HOUR_NS // 2) == 0
     assert len(app.history(name)) == 1
 
 
@@ -243,8 +245,8 @@ def test_alter_refusals_write_nothing(app: App, roles: Any) -> None:
         catalog.execute_job_ddl(c, f"CREATE JOB app.owned {HOURLY} RUN AS {app.principal} CALL app.record('x')")
         with pytest.raises(AdmissionError, match="permission denied to schedule a job as role"):
             catalog.execute_job_ddl(c, f"ALTER JOB app.owned SET RUN AS {superuser}")
+        c.execute(b"CREATE PROCEDURE app.needs_int(n int) LANGUAGE plpgsql AS $$ BEGIN END $$")
         with pytest.raises(AdmissionError, match="invalid input syntax for type integer"):
-            c.execute("CREATE PROCEDURE app.needs_int(n int) LANGUAGE plpgsql AS $$ BEGIN END $$")
             catalog.execute_job_ddl(c, "ALTER JOB app.owned SET CALL app.needs_int('abc')")
         with pytest.raises(AdmissionError, match="must be owner"):
             catalog.execute_job_ddl(c, "ALTER JOB app.ref SET (history = 5)")
@@ -265,7 +267,8 @@ def test_rename_keeps_the_job_and_its_history(app: App) -> None:
     app.run()
     catalog.execute_job_ddl(app.conn, "ALTER JOB app.old RENAME TO app.new")
     assert catalog.get_job(app.conn, "app.old") is None
-    assert _job_id(app, "app.new") == job_id and len(app.history("app.new")) == 1
+    assert _job_id(app, "app.new") == job_id
+    assert len(app.history("app.new")) == 1
     app.job(f"CREATE JOB app.taken {HOURLY} RUN AS {{p}} CALL app.record('x')")
     with pytest.raises(AdmissionError, match="already exists"):
         catalog.execute_job_ddl(app.conn, "ALTER JOB app.new RENAME TO app.taken")
@@ -287,11 +290,9 @@ def test_alter_during_an_atomic_attempt_fences_it_and_never_overlaps(app: App) -
             catalog.run_job(app.conn, name)
             await engine.dispatch_due()  # the old backend still runs: nothing may start
             assert engine.running == 1
-            while engine.running:
-                await asyncio.sleep(0.05)
+            await asyncio.to_thread(wait_for, lambda: engine.running == 0)
             await engine.run_due()
-            while engine.running:
-                await asyncio.sleep(0.05)
+            await asyncio.to_thread(wait_for, lambda: engine.running == 0)
 
     asyncio.run(scenario())
     statuses = [h["status"] for h in app.history(name)]
@@ -312,7 +313,8 @@ def test_create_or_replace_keeps_id_owner_and_history(app: App) -> None:
     catalog.execute_job_ddl(app.conn, "CREATE OR REPLACE JOB app.rep SCHEDULE CRON '*/5 * * * *' "
                                       f"RUN AS {app.principal} CALL app.record('b') WITH (time_zone = 'Europe/Berlin')")
     job = app.state(name)
-    assert str(job["job_id"]) == job_id and job["schedule_kind"] == "cron"
+    assert str(job["job_id"]) == job_id
+    assert job["schedule_kind"] == "cron"
     assert (job["cron_time_zone"], job["history_limit"]) == ("Europe/Berlin", 256)  # not given: default
     assert len(app.history(name)) == 1
     # and creates when missing

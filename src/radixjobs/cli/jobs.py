@@ -14,7 +14,7 @@ from radixjobs.model import HISTORY_STATUSES
 
 @click.group("jobs")
 def jobs_group() -> None:
-    """List and inspect jobs."""
+    """List, inspect and run jobs."""
 
 
 @jobs_group.command("list")
@@ -42,10 +42,74 @@ def jobs_show(opts: Options, name: str) -> None:
     human = dict(job)
     human["arguments"] = catalog.describe_arguments(job["arguments"])
     human["timeout"] = catalog.describe_timeout(job["deadline_ms"])
+    human["coalesce"] = "on" if job["coalesce_ticks"] else "off"
+    human["history"] = human.pop("history_limit")
+    human["time_zone"] = job["cron_time_zone"] if job["schedule_kind"] == "cron" else "(CRON only)"
     emit(opts, job, output.render_mapping(human))
 
 
-HISTORY_COLUMNS = ("status", "planned_at", "started_at", "duration", "attempt", "category", "message")
+TERMINAL = ("succeeded", "failed")
+
+
+@jobs_group.command("run")
+@click.argument("name")
+@click.option("--wait", is_flag=True, help="Wait for the attempt's outcome; exit 1 if it failed.")
+@click.option("--wait-timeout", default=600.0, show_default=True, type=click.FloatRange(0.1, 7 * 86_400),
+              metavar="SECONDS", help="With --wait: give up after SECONDS (a daemon must be running).")
+@click.option("--from", "start", default=None, metavar="TIMESTAMP",
+              help="Backfill: run every tick of the schedule from TIMESTAMP (with --to) that has not succeeded.")
+@click.option("--to", "end", default=None, metavar="TIMESTAMP", help="Backfill: up to TIMESTAMP (excluded).")
+@common_options
+def jobs_run(opts: Options, name: str, wait: bool, wait_timeout: float, start: str | None, end: str | None) -> None:
+    """RUN JOB: one attempt now, outside the schedule, as the job's principal (it waits for a running one);
+    with --from/--to, RUN JOB ... FOR RANGE (a backfill)."""
+    from radixjobs import catalog, schedule
+    from radixjobs.errors import ScheduleError
+
+    if (start is None) != (end is None):
+        raise click.UsageError("give both --from and --to for a backfill")
+    with database(opts) as conn:
+        if start is not None and end is not None:
+            if wait:
+                raise click.UsageError("--wait is for one run, not a backfill")
+            try:
+                bounds = [schedule.parse_timestamp(value) for value in (start, end)]
+            except ScheduleError as exc:
+                raise click.BadParameter(str(exc), param_hint="--from/--to") from None
+            queued = catalog.backfill_job(conn, name, bounds[0], bounds[1])
+            emit(opts, {"job": name, "queued": queued}, f"queued {queued} tick(s) of {name}")
+            return
+        key = catalog.run_job(conn, name)
+        if not wait:
+            emit(opts, {"job": name, "idempotency_key": key}, f"queued a run of {name} (key {key})")
+            return
+        row = _wait_for_outcome(conn, key, wait_timeout)
+    human = output.render_table(HISTORY_COLUMNS, [_history_row(row)])
+    emit(opts, row, human)
+    if row["status"] != "succeeded":
+        raise SystemExit(1)
+
+
+def _wait_for_outcome(conn: Any, key: str, timeout_s: float) -> dict[str, Any]:
+    """The last attempt of the tick ``key`` once it succeeded or failed for good (polled)."""
+    import time
+
+    from psycopg.rows import dict_row
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        with conn.cursor(row_factory=dict_row) as cur:
+            row = cur.execute("SELECT * FROM radix.job_history WHERE idempotency_key = %s::pg_catalog.text "
+                              "ORDER BY history_id DESC LIMIT 1", (key,)).fetchone()
+        if row is not None and row["status"] in TERMINAL:
+            return dict(row)
+        if time.monotonic() > deadline:
+            raise RadixError(f"no outcome for run {key} within {timeout_s:g} s: is a daemon (radixjobs serve) "
+                             "running for this database?")
+        time.sleep(0.2)
+
+
+HISTORY_COLUMNS = ("status", "run", "planned_at", "started_at", "duration", "attempt", "category", "message")
 
 
 @jobs_group.command("history")
@@ -78,6 +142,7 @@ def _history_row(row: dict[str, Any]) -> list[Any]:
     raw = row.get("error")
     error: dict[str, Any] = raw if isinstance(raw, dict) else {}
     message = error.get("message") or error.get("kind") or ""
-    return [row["status"], output.timestamp(row["planned_at"]), output.timestamp(row["started_at"]),
+    return [row["status"], row.get("run_kind", "schedule"), output.timestamp(row["planned_at"]),
+            output.timestamp(row["started_at"]),
             output.duration(row["duration"]), row["attempt"], error.get("category") or "",
             output.one_line(message)]
