@@ -105,7 +105,10 @@ class Observer:
         """A claim round trip took ``seconds``."""
         self.latencies.claims.observe(seconds)
         if self.tracing is not None:
-            self.tracing.claimed(self.database, seconds)
+            try:
+                self.tracing.claimed(self.database, seconds)
+            except Exception as exc:
+                _tracing_failed(exc)
 
     def attempt(self, job: JobDefinition, claim: Claim, result: str, started: float,
                 principals: PrincipalPools) -> None:
@@ -114,13 +117,34 @@ class Observer:
         if histogram is not None:
             histogram.observe(time.monotonic() - started)
         if self.tracing is not None:
-            self.tracing.attempt(self.database, job, claim, result, started, principals)
+            try:
+                self.tracing.attempt(self.database, job, claim, result, started, principals)
+            except Exception as exc:
+                _tracing_failed(exc)
 
     def document_run(self, num: str, started: Started, error: str | None, began: float, rerun: bool,
                      principals: PrincipalPools) -> None:
         """A CRON_TABLE run ended (``error`` None: completed); ``began`` is its time.monotonic() start."""
         if self.tracing is not None:
-            self.tracing.document_run(self.database, num, started, error, began, rerun, principals)
+            try:
+                self.tracing.document_run(self.database, num, started, error, began, rerun, principals)
+            except Exception as exc:
+                _tracing_failed(exc)
+
+
+_failures = 0
+
+
+def _tracing_failed(exc: Exception) -> None:
+    """Telemetry never fails an attempt or a run: the first failure is logged with its traceback, the
+    others only counted in the log's debug level (a broken exporter must not flood the log)."""
+    global _failures
+    _failures += 1
+    if _failures == 1:
+        log.warning("telemetry failed error=%s; further failures are logged at debug level", type(exc).__name__,
+                    exc_info=exc)
+    else:
+        log.debug("telemetry failed error=%s failures=%d", type(exc).__name__, _failures)
 
 
 def otel_requested(environ: Mapping[str, str] | None = None) -> bool:

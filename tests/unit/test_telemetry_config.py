@@ -6,6 +6,7 @@ import logging
 import os
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 
@@ -102,3 +103,25 @@ def test_histogram_buckets_are_upper_bounds_inclusive() -> None:
         histogram.observe(value)
     assert histogram.cumulative() == [(0.1, 2), (1.0, 4), (float("inf"), 5)]
     assert (histogram.count, histogram.sum) == (5, pytest.approx(8.65))
+
+
+class Broken:
+    def __getattr__(self, name: str) -> Any:
+        def fail(*args: Any) -> None:
+            raise RuntimeError("exporter exploded")
+        return fail
+
+
+def test_broken_telemetry_never_fails_the_work(caplog: pytest.LogCaptureFixture) -> None:
+    import time
+
+    observer = observe.Observer("db", tracing=Broken())  # type: ignore[arg-type]
+    with caplog.at_level(logging.DEBUG, "radixjobs.telemetry"):
+        observer.claimed(0.01)
+        observer.attempt(None, None, "failed:data", time.monotonic(), None)  # type: ignore[arg-type]
+        observer.document_run("1", None, None, time.monotonic(), False, None)  # type: ignore[arg-type]
+    assert observer.latencies.claims.count == 1
+    assert observer.latencies.attempts["failed"].count == 1
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) <= 1  # once per process (another test may have been first)
+    assert sum("telemetry failed error=RuntimeError" in r.getMessage() for r in caplog.records) == 3
