@@ -262,21 +262,14 @@ def run_command(opts: Options, once: bool, seconds: float | None, node_id: str |
     """Run due jobs of one database in the foreground (the daemon is `serve`)."""
     import asyncio
 
-    from psycopg.conninfo import conninfo_to_dict
-
     from radixjobs.engine import Engine
-    from radixjobs.observe import Observer, load_tracing
 
     if once == (seconds is not None):
         raise click.UsageError("give exactly one of --once or --for SECONDS")
-    tracing = load_tracing()  # OpenTelemetry when OTEL_* asks for it (docs/telemetry.md)
 
     async def go(dsn: str) -> dict[str, Any]:
         async with Engine(dsn, node_id=node_id, concurrency=concurrency,
                           max_per_principal=max_per_principal, lease_s=lease_seconds) as engine:
-            if tracing is not None:
-                database = str(conninfo_to_dict(dsn).get("dbname") or "postgres")
-                engine.observer = Observer(database, tracing=tracing)
             ran = await engine.run_due() if once else await engine.run_for(seconds or 0.0)
             return {"attempts": ran, "node": engine.node_id, "counters": dict(engine.counters),
                     "last_error": engine.last_error}
@@ -284,11 +277,7 @@ def run_command(opts: Options, once: bool, seconds: float | None, node_id: str |
     with open_target(opts.dsn, opts.home) as target:
         with connect(target.dsn) as conn:
             ensure_schema(conn, target)
-        try:
-            result = asyncio.run(go(target.dsn))
-        finally:
-            if tracing is not None:
-                tracing.close()
+        result = asyncio.run(go(target.dsn))
     counters = ", ".join(f"{k}={v}" for k, v in sorted(result["counters"].items())) or "none"
     emit(opts, result, f"ran {result['attempts']} attempt(s) on node {result['node']}; counters: {counters}")
 

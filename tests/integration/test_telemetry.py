@@ -262,14 +262,3 @@ def test_the_otel_environment_picks_the_exporters(app: App) -> None:
     assert '"service.name": "radix-e2e"' in out
     assert '"name": "radixjobs.attempt.duration"' in out  # the console metric exporter, flushed at close
 
-
-def test_run_once_traces_its_attempts_too(app: App) -> None:
-    app.job("CREATE JOB app.fg SCHEDULE AT TIMESTAMP '2020-01-01' RUN AS {p} CALL app.record('f')")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
-    env |= {"OTEL_TRACES_EXPORTER": "console", "OTEL_METRICS_EXPORTER": "none"}
-    done = subprocess.run([sys.executable, "-m", "radixjobs", "--dsn", app.dsn, "run", "--once", "--json"],
-                          env=env, capture_output=True, text=True, timeout=120, check=False)
-    assert done.returncode == 0, done.stderr
-    assert '"name": "radixjobs.attempt"' in done.stdout
-    assert '"radixjobs.job.name": "app.fg"' in done.stdout
-    assert '"radixjobs.outcome": "succeeded"' in done.stdout
