@@ -14,6 +14,7 @@ from psycopg import sql
 
 from radixjobs import migrate
 from radixjobs.embedded import EmbeddedServer
+from radixjobs.observe import LATENCY_BUCKETS_S
 from tests.acceptance.serving import Serve
 from tests.apps import App
 from tests.support import PgCluster, wait_for
@@ -174,7 +175,9 @@ def test_status_metrics_healthz_stay_bounded(app: App, tmp_path: Path) -> None:
         code, metrics = daemon.get("/metrics")
         assert code == 200
         series = [line for line in metrics.splitlines() if line and not line.startswith("#")]
-        assert len(series) == 25  # fixed, whatever the number of jobs and errors
+        # fixed, whatever the number of jobs and errors: 25 counters and gauges, and four histograms (claims,
+        # attempts by outcome) of len(LATENCY_BUCKETS_S) + 1 buckets, a sum and a count each
+        assert len(series) == 25 + 4 * (len(LATENCY_BUCKETS_S) + 3)
         assert "secret table" not in metrics
         assert 'radixjobs_failures_total{category="raised_exception"}' in metrics
         assert daemon.get("/healthz") == (200, "ok")

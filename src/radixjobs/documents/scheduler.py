@@ -29,7 +29,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import psycopg
 from psycopg import sql
@@ -48,6 +48,9 @@ from radixjobs.engine.principals import PrincipalPools
 from radixjobs.engine.runner import default_node_id
 from radixjobs.fairness import fair_order, principal_cap
 from radixjobs.migrate import NOTIFY_QUEUE_LIMIT
+
+if TYPE_CHECKING:
+    from radixjobs.observe import Observer
 
 log = logging.getLogger("radixjobs.documents")
 
@@ -126,6 +129,7 @@ class DocumentScheduler:
         self._in_flight: set[int] = set()
         self._tasks: set[asyncio.Task[bool]] = set()
         self._stop_workers = threading.Event()
+        self.observer: Observer | None = None  # spans of the runs (radixjobs.observe)
 
     async def __aenter__(self) -> DocumentScheduler:
         await self.start()
@@ -293,6 +297,7 @@ class DocumentScheduler:
             if action is model.Action.RERUN:
                 self.counters["doc_restarts"] += 1
             self._in_flight.add(started.process_id)
+            began = time.monotonic()
             try:
                 log.info("document run start num=%s process=%s kind=%s target=%s node=%s", c.num,
                          started.process_id, started.kind, started.target, self.node_id)
@@ -305,6 +310,9 @@ class DocumentScheduler:
                     await self._finish(c.num, started.process_id, error, finished_at, finished_at)
                 log.info("document run end num=%s process=%s node=%s outcome=%s", c.num, started.process_id,
                          self.node_id, "failed" if error else "completed")
+                if self.observer is not None:
+                    self.observer.document_run(c.num, started, error, began, action is model.Action.RERUN,
+                                               self._principals)
             finally:
                 self._in_flight.discard(started.process_id)
             return True

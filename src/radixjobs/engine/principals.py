@@ -130,6 +130,12 @@ class PrincipalPools:
             else:
                 await conn.close()
 
+    def is_superuser(self, principal: str) -> bool | None:
+        """Is ``principal`` a superuser, as its idle session reported at login (PostgreSQL sends
+        is_superuser in the startup)? None when no session of it is idle here."""
+        idle = self._idle.get(principal)
+        return idle[-1].info.parameter_status("is_superuser") == "on" if idle else None
+
     async def close(self) -> None:
         for idle in self._idle.values():
             for conn in idle:

@@ -20,7 +20,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 from psycopg.rows import dict_row
@@ -44,6 +44,9 @@ from radixjobs.engine.planning import CRON_DUE, plan_cron
 from radixjobs.engine.principals import PrincipalPools
 from radixjobs.engine.slots import Slots
 from radixjobs.fairness import principal_cap
+
+if TYPE_CHECKING:
+    from radixjobs.observe import Observer
 
 log = logging.getLogger("radixjobs.engine")
 
@@ -100,6 +103,7 @@ class Engine:
         self.stopping = False
         self.cancel = asyncio.Event()
         self._pause = pause
+        self.observer: Observer | None = None  # latency histograms and spans (radixjobs.observe)
         self.lease_s = lease_s
         self._leases: set[uuid.UUID] = set()  # tokens of this engine's claims in progress
         self._lease_keeper = LeaseKeeper(self._pool, self.node_id, lease_s, lambda: set(self._leases),
@@ -151,6 +155,7 @@ class Engine:
         """Claim up to ``limit`` due ticks. One round trip (the claim, then the next due time and whether
         cron ticks await planning, pipelined) unless cron ticks need planning: the first claim leaves
         them alone; they are planned (missed ones coalesced), then claimed. A cron tick never runs stale."""
+        began = time.monotonic()
         async with self._pool.connection() as conn:
             async with conn.pipeline():
                 claim_cur = await conn.execute(CLAIM, (self.node_id, limit, False, self.max_per_principal,
@@ -166,6 +171,8 @@ class Engine:
                 after_cur = await conn.execute(NEXT_DUE, (self.max_per_principal,))
                 after = await after_cur.fetchone()
             self._note_due(after)
+        if self.observer is not None:
+            self.observer.claimed(time.monotonic() - began)
         claims = []
         for row in rows:
             self._definitions.remember_claimed(row)
@@ -293,6 +300,8 @@ class Engine:
         if self._pause:
             await self._pause("executed")
         result = await self._finalise(job, claim, next_planned, outcome)
+        if self.observer is not None:
+            self.observer.attempt(job, claim, result, started, self._principals)
         fields |= {"duration_ms": round((time.monotonic() - started) * 1000, 1), "outcome": result}
         log.info("attempt finish job=%s tick=%s attempt=%s node=%s duration_ms=%s outcome=%s", job.name,
                  claim.planned_ns, claim.attempt, self.node_id, fields["duration_ms"], result,

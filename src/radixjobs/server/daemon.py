@@ -18,7 +18,7 @@ from typing import Any
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from radixjobs import migrate, retry
+from radixjobs import migrate, observe, retry
 from radixjobs.db import first_line, scheduler_dsn
 from radixjobs.documents.scheduler import COUNTER_KEYS as DOCUMENT_COUNTER_KEYS
 from radixjobs.engine.leases import DEFAULT_LEASE_S
@@ -90,9 +90,10 @@ def public_error(source: str, record: dict[str, Any]) -> dict[str, str]:
 
 
 class Daemon:
-    """The scheduler daemon of one node."""
+    """The scheduler daemon of one node. ``tracing``: OpenTelemetry (default: as the OTEL_* environment
+    asks, radixjobs.observe.load_tracing)."""
 
-    def __init__(self, config: DaemonConfig):
+    def __init__(self, config: DaemonConfig, tracing: observe.Tracing | None = None):
         config.dsn = scheduler_dsn(config.dsn)
         self.config = config
         self.slots = Slots(config.concurrency)
@@ -103,6 +104,8 @@ class Daemon:
         self.reachable: bool | None = None  # None until the first look
         self._reload_task: asyncio.Task[None] | None = None
         self.reloader: Callable[[], Coroutine[Any, Any, None]] | None = None  # SIGHUP (server/reload.py)
+        self.latencies = observe.Latencies()  # /metrics' histograms
+        self.tracing = tracing if tracing is not None else observe.load_tracing()
 
     # -- discovery -------------------------------------------------------------------------------
     async def ready_databases(self) -> list[str]:
@@ -139,6 +142,7 @@ class Daemon:
                               concurrency=self.config.per_database_concurrency, poll_s=self.config.poll_s,
                               grace_s=self.config.grace_s, services=self.config.services,
                               max_per_principal=self.config.max_per_principal, lease_s=self.config.lease_s)
+        owner.observer = observe.Observer(name, self.latencies, self.tracing)
         self.owners[name] = (owner, asyncio.create_task(owner.run(), name=f"owner:{name}"))
         log.info("serving database db=%s node=%s", name, self.config.node_id)
 
@@ -189,6 +193,8 @@ class Daemon:
         tasks = [task for _, task in self.owners.values()]
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
+        if self.tracing is not None:  # the last spans and metrics, exported off the event loop
+            await asyncio.to_thread(self.tracing.close)
 
     def install_signal_handlers(self) -> None:
         """First SIGINT/SIGTERM: clean shutdown. Second: exit at once."""

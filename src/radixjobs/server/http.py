@@ -9,7 +9,7 @@ from collections.abc import Iterable
 
 import uvicorn
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
@@ -18,6 +18,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from radixjobs.documents.scheduler import COUNTER_KEYS as DOCUMENT_COUNTER_KEYS
+from radixjobs.observe import Histogram
 from radixjobs.output import jsonable
 from radixjobs.retry import Category
 from radixjobs.server.connections import (
@@ -77,6 +78,23 @@ class DaemonCollector(Collector):
         uptime = GaugeMetricFamily("radixjobs_uptime_seconds", "Seconds since the daemon started")
         uptime.add_metric([], status["uptime_s"])
         yield uptime
+        yield from self.histograms()
+
+    def histograms(self) -> Iterable[Metric]:
+        """Latencies (radixjobs.observe; the same as the OpenTelemetry metrics when those are on)."""
+        latencies = self.daemon.latencies
+        claims = HistogramMetricFamily("radixjobs_claim_duration_seconds", "Duration of a claim round trip")
+        claims.add_metric([], _buckets(latencies.claims), latencies.claims.sum)
+        yield claims
+        attempts = HistogramMetricFamily("radixjobs_attempt_duration_seconds", "Duration of an attempt, start "
+                                         "to finalisation, by outcome", labels=["outcome"])
+        for outcome, histogram in latencies.attempts.items():
+            attempts.add_metric([outcome], _buckets(histogram), histogram.sum)
+        yield attempts
+
+
+def _buckets(histogram: Histogram) -> list[tuple[str, float]]:
+    return [("+Inf" if bound == float("inf") else repr(bound), count) for bound, count in histogram.cumulative()]
 
 
 def make_app(daemon: Daemon, auth: ConsoleAuth | None = None) -> Starlette:

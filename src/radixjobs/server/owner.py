@@ -17,6 +17,7 @@ from radixjobs.documents.scheduler import DocumentScheduler
 from radixjobs.engine import Engine
 from radixjobs.engine.leases import DEFAULT_LEASE_S
 from radixjobs.engine.slots import Slots
+from radixjobs.observe import Observer
 from radixjobs.preflight import log_principal_checks
 
 log = logging.getLogger("radixjobs.server")
@@ -53,6 +54,7 @@ class DatabaseOwner:
         self.owner_errors = 0  # unexpected (non-connection) errors the owner restarted after
         self.engines_counters: list[dict[str, int]] = []  # counters of engines replaced after errors
         self._preflight: asyncio.Task[None] | None = None
+        self.observer: Observer | None = None  # given to its engine and document scheduler
 
     async def run(self) -> None:
         """Serve until ``stop``; reconnect with jittered exponential backoff on connection loss."""
@@ -88,10 +90,12 @@ class DatabaseOwner:
         engine = Engine(self.dsn, node_id=self.node_id, concurrency=self.concurrency, grace_s=5.0,
                         shared_slots=self.slots, finished=self.wake, max_per_principal=self.max_per_principal,
                         lease_s=self.lease_s)
+        engine.observer = self.observer
         await engine.start()
         self.engine = engine
         documents = DocumentScheduler(self.dsn, node_id=f"{self.node_id}:docs", services=self.services,
                                       concurrency=self.concurrency, max_per_principal=self.max_per_principal)
+        documents.observer = self.observer
         self.documents = documents
         await documents.start()
         documents_task = asyncio.create_task(documents.serve(self._documents_stop), name=f"documents:{self.name}")
