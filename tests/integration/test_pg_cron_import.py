@@ -56,8 +56,8 @@ def mixed_rows(principal: str) -> list[dict[str, Any]]:
         {"schedule": "0 3 * * *", "command": "CALL app.record('nightly');", "username": principal,
          "jobname": "Nightly Record"},                                                      # 1 CALL
         {"schedule": "30 seconds", "command": "INSERT INTO app.effects (tag) VALUES ('a'); "
-                                              "SELECT count(*) FROM app.effects", "username": principal,
-         "jobname": "every-30s"},                                                           # 2 wrapped
+                                              "SELECT count(*), $$x$cmd$y$$ FROM app.effects -- done",
+         "username": principal, "jobname": "every-30s"},                                    # 2 wrapped
         {"schedule": "@hourly", "command": "BEGIN; CALL app.record(now()::text); COMMIT;",
          "username": principal},                                                            # 3 envelope
         {"schedule": "0 4 * * *", "command": "VACUUM app.effects", "username": principal,
