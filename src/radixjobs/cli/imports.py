@@ -15,6 +15,7 @@ import click
 from radixjobs import output
 from radixjobs.cli.common import Options, common_options, database, emit
 
+MAX_TIMEOUT_MS = 7 * 86_400_000  # as WITH (timeout = ...)
 COLUMNS = ("pg_cron jobid", "jobname", "radixjobs job", "action", "reason")
 
 
@@ -52,6 +53,8 @@ def import_pg_cron_command(opts: Options, dry_run: bool, schema: str, cron_datab
             timeout_ms = max(1, schedule.parse_interval(timeout) // 1_000_000)
         except ScheduleError as exc:
             raise click.BadParameter(str(exc), param_hint="--timeout") from None
+        if timeout_ms > MAX_TIMEOUT_MS:
+            raise click.BadParameter(f"{timeout!r} is over the maximum of 7 days", param_hint="--timeout")
     with contextlib.ExitStack() as stack:
         conn = stack.enter_context(database(opts))
         source = stack.enter_context(connect(cron_dsn)) if cron_dsn else None

@@ -191,7 +191,7 @@ def not_in_procedure(node: ast.Node) -> str | None:
     if what:
         return f"{what} cannot run inside a transaction block, so not in a procedure"
     if isinstance(node, ast.VacuumStmt) and node.is_vacuumcmd:
-        return "VACUUM cannot run inside a procedure (use autovacuum, or a system process with vacuumdb)"
+        return "VACUUM cannot run inside a procedure (leave it to autovacuum, a CSP service or vacuumdb)"
     if isinstance(node, ast.TransactionStmt):
         return "transaction control (BEGIN, COMMIT, SAVEPOINT, …) in the command cannot run inside a procedure"
     if isinstance(node, ast.IndexStmt) and node.concurrent:
