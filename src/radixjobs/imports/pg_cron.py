@@ -78,9 +78,7 @@ def read_cron_jobs(conn: Conn) -> Source:
             raise RadixError(f"no pg_cron here: database {database} has no table cron.job (pg_cron keeps its "
                              "jobs in the database named by its cron.database_name setting; connect to that "
                              "one, or pass --cron-dsn)")
-        records = conn.execute("SELECT pg_catalog.to_jsonb(j) FROM cron.job j "
-                               "ORDER BY (pg_catalog.to_jsonb(j) OPERATOR(pg_catalog.->>) 'jobid')::"
-                               "pg_catalog.int8").fetchall()
+        records = conn.execute("SELECT pg_catalog.to_jsonb(j) FROM cron.job j ORDER BY j.jobid").fetchall()
     rows = tuple(CronJobRow.from_record(rec) for (rec,) in records)
     return Source(rows, int(port), _zone(zone))
 

@@ -89,11 +89,17 @@ class JobPlan:
         return self.command.procedure or self.name
 
     def describe(self) -> str:
-        """What the job will CALL, in one line."""
+        """The schedule and what the job will CALL, in one line."""
+        if isinstance(self.schedule, EverySchedule):
+            when = f"EVERY '{self.schedule.interval_ns // NS_PER_SECOND} seconds'"
+        elif isinstance(self.schedule, CronSchedule):
+            when = f"CRON '{self.schedule.expression}' TIME ZONE '{self.schedule.time_zone}'"
+        else:
+            when = "AT"
         if self.command.body is not None:
-            return f"wraps the command in {self.name}(){self.command.note}"
+            return f"{when}, wraps the command in {self.name}(){self.command.note}"
         args = ", ".join(_describe_argument(a) for a in self.command.arguments)
-        return f"CALL {self.command.procedure}({args}){self.command.note}"
+        return f"{when}, CALL {self.command.procedure}({args}){self.command.note}"
 
 
 # ------------------------------------------------------------------------------------------------ schedule
