@@ -176,3 +176,12 @@ def test_wrapper_of_someone_else_is_not_replaced(app: App) -> None:
 def test_no_cron_schema_is_one_clear_error(app: App) -> None:
     with pytest.raises(RadixError, match=r"no pg_cron here: database \S+ has no table cron.job"):
         import_pg_cron(app.conn)
+
+
+def test_cron_time_zone_comes_from_pg_crons_setting(app: App) -> None:
+    make_cron(app.conn, [{"schedule": "0 3 * * *", "command": "SELECT 1", "username": app.principal,
+                          "jobname": "berlin"}])
+    app.conn.execute("SET cron.timezone = 'Europe/Berlin'")  # as pg_cron's GUC would be, where it is loaded
+    (outcome,) = import_pg_cron(app.conn)
+    assert outcome.action == "created"
+    assert app.state("cron_import.berlin")["schedule"] == "CRON '0 3 * * *' TIME ZONE 'Europe/Berlin'"
