@@ -155,6 +155,8 @@ def apply(conn: Conn, job: JobPlan, *, dry_run: bool, timeout_ms: int | None) ->
             if dry_run:
                 raise psycopg.Rollback(tx)
     except (RadixError, psycopg.Error) as exc:
+        if conn.broken:
+            raise  # the connection is gone: no later job could be imported either
         return outcome("refused", _message(exc))
     state = "" if row.active else " (disabled, as in pg_cron)"
     return outcome("would create" if dry_run else "created", job.describe() + state)
