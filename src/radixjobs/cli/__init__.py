@@ -13,6 +13,7 @@ from radixjobs.cli.check import check_command
 from radixjobs.cli.common import Options
 from radixjobs.cli.db import db_group
 from radixjobs.cli.docs import docs_group
+from radixjobs.cli.imports import import_group
 from radixjobs.cli.jobs import jobs_group
 from radixjobs.cli.run import run_command
 from radixjobs.cli.serve import serve_command, status_command
@@ -37,7 +38,7 @@ def cli(ctx: click.Context, dsn: str | None, home: Path | None, as_json: bool, v
 
 
 for _command in (sql_command, install_command, db_group, jobs_group, run_command, serve_command,
-                 status_command, docs_group, check_command):
+                 status_command, docs_group, check_command, import_group):
     cli.add_command(_command)
 
 
