@@ -423,8 +423,11 @@ def test_direct_catalog_access_is_refused(site: Site, statement: str) -> None:
 
 IMPERSONATIONS: dict[str, LiteralString] = {
     "_create_job": "SELECT radix._create_job(%(victim)s::text, 'app.forged', '{\"every\": \"5 minutes\"}', "
-                   "%(victim)s::text, 'work.task', '[]', true, false, 240000)",
+                   "%(victim)s::text, 'work.task', '[]', true, false, '{}')",
     "_alter_job": "SELECT radix._alter_job(%(victim)s, 'app.nightly', false)",
+    "_change_job": "SELECT radix._change_job(%(victim)s, 'app.nightly', false, NULL, NULL, NULL, NULL, NULL, "
+                   "NULL, NULL)",
+    "_request_ticks": "SELECT radix._request_ticks(%(victim)s, 'app.nightly', ARRAY[1]::bigint[], 'run')",
     "_drop_job": "SELECT radix._drop_job(%(victim)s, 'app.nightly', false, true)",
 }
 
@@ -531,7 +534,7 @@ def test_the_definer_side_stores_only_a_valid_binding(site: Site, forgery: str) 
 
     def create() -> object:
         return conn.execute("SELECT radix._create_job(current_user, %s, %s, current_user, 'work.task', %s, true, "
-                            "false, 240000)", (JOB, Jsonb(EVERY_5_MIN), Jsonb(binding)))
+                            "false, '{}')", (JOB, Jsonb(EVERY_5_MIN), Jsonb(binding)))
 
     if code is not None:
         assert_refused(site, create, code, "invalid argument binding")

@@ -260,13 +260,13 @@ CRON = "CREATE JOB a.b SCHEDULE CRON "  # the cron literal starts at 1:30
 
 REJECTED = [
     # statement shape
-    ("", "expected CREATE JOB, ALTER JOB or DROP JOB, found end of input", 1, 1),
-    ("  -- only a comment\n", "expected CREATE JOB, ALTER JOB or DROP JOB, found end of input", 2, 1),
-    ("SELECT 1", "expected CREATE JOB, ALTER JOB or DROP JOB, found 'SELECT'", 1, 1),
+    ("", "expected CREATE JOB, ALTER JOB, DROP JOB or RUN JOB, found end of input", 1, 1),
+    ("  -- only a comment\n", "expected CREATE JOB, ALTER JOB, DROP JOB or RUN JOB, found end of input", 2, 1),
+    ("SELECT 1", "expected CREATE JOB, ALTER JOB, DROP JOB or RUN JOB, found 'SELECT'", 1, 1),
     ("CREATE TABLE job (id int)", "expected JOB after CREATE, found 'TABLE'", 1, 8),
     ("CREATE JOBS a.b", "expected JOB after CREATE, found 'JOBS'", 1, 8),
-    ("CREATE OR REPLACE JOB a.b", "CREATE OR REPLACE JOB is not supported in this version", 1, 8),
-    ("run job a.b", "RUN JOB is not supported in this version", 1, 1),
+    ("CREATE OR REPLACE JOB IF NOT EXISTS a.b", "CREATE OR REPLACE JOB cannot take IF NOT EXISTS", 1, 23),
+    ("run job a.b for", "expected RANGE after FOR, found end of input", 1, 16),
     (
         "CREATE JOB b SCHEDULE EVERY INTERVAL '1 hour'",
         "job name must be schema-qualified (schema.name)",
@@ -386,8 +386,10 @@ REJECTED = [
     (EVERY + "'1h' RUN AS r CALL s.p() NOW", "expected WITH (...), ENABLE, DISABLE, ';' or end of statement", 1, 65),
     (EVERY + "'1h' RUN AS r CALL s.p(); SELECT 1", "after ';': only one statement is allowed", 1, 66),
     (EVERY + "'1h' RUN AS r CALL s.p();;", "unexpected ';' after ';'", 1, 65),
-    ("ALTER JOB a.b", "expected ENABLE or DISABLE, found end of input", 1, 14),
-    ("ALTER JOB a.b RENAME TO c", "expected ENABLE or DISABLE, found 'RENAME'", 1, 15),
+    ("ALTER JOB a.b", "expected ENABLE, DISABLE, SET, RESET or RENAME TO, found end of input", 1, 14),
+    ("ALTER JOB a.b RENAME TO c", "new job name must be schema-qualified (schema.name)", 1, 25),
+    ("ALTER JOB a.b SET (max_attempts = 0)", "max_attempts must be an integer from 1 to 10", 1, 35),
+    ("ALTER JOB a.b ENABLE, DISABLE", "this is changed more than once in the statement", 1, 23),
     ("ALTER JOB b ENABLE", "job name must be schema-qualified", 1, 11),
     ("ALTER TABLE a.b ENABLE", "expected JOB after ALTER, found 'TABLE'", 1, 7),
     ("DROP JOB a.b PURGE", "expected RESTRICT, CASCADE, ';' or end of statement, found 'PURGE'", 1, 14),
@@ -497,7 +499,7 @@ def test_with_options(suffix: str, timeout_ms: int | None, enabled: bool) -> Non
 
 
 @pytest.mark.parametrize(("suffix", "fragment", "column"), [
-    ("WITH (retries = 3)", 'unknown option "retries" (accepted: timeout)', 71),
+    ("WITH (retries = 3)", 'unknown option "retries" (accepted: timeout, max_attempts, history, coalesce, time_zone)', 71),
     ("WITH (timeout = '1 hour', nice = 5)", 'unknown option "nice"', 91),
     ("WITH (timeout = '1h', timeout = '2h')", 'option "timeout" is given more than once', 87),
     ("WITH (timeout = '8 days')", "above the maximum of 7 days", 81),
