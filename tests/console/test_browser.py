@@ -138,19 +138,15 @@ def test_console_in_a_browser(app: App, console: Serve, browser: Browser, tmp_pa
     assert errors == []
 
 def test_run_now_shows_the_attempt_in_the_timeline(app: App, console: Serve, browser: Browser) -> None:
-    present = app.conn.execute("SELECT to_regprocedure('radix.run_job(text)') IS NOT NULL").fetchone()
+    """Run now calls radix.run_job (RUN JOB): the attempt appears in the timeline, the result is shown."""
     errors: list[str] = []
     page = open_page(browser, errors)
     log_in(page, console.url)
     app.job("CREATE JOB app.rare SCHEDULE EVERY INTERVAL '1 day' RUN AS {p} CALL app.record('rare')")
     page.goto(job_url(app, console, "app.rare"))
-    if not (present and present[0]):
-        assert page.locator("button[disabled]:text-is('Run now')").count() == 1
-        assert "run now is not available in this version" in page.content()
-        pytest.skip("run now is not available in this version (radix.run_job is missing)")
     before = page.locator("#timeline rect.attempt").count()
     flash = confirm(page, "Run now")
-    assert flash.startswith("done"), flash
+    assert flash.startswith("done: app.rare: run requested ("), flash
     page.wait_for_function(f"document.querySelectorAll('#timeline rect.attempt').length > {before}",
                            timeout=30_000)
     assert errors == []
@@ -182,30 +178,3 @@ def test_generated_token_is_printed_once_and_logs_in(app: App, tmp_path: Path) -
         daemon.stop()
 
 
-STAND_IN = """
-CREATE FUNCTION radix.run_job(job text) RETURNS text LANGUAGE sql SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp AS $$
-    UPDATE radix.radix_system_job_state s SET due_ns = radix.to_ns(clock_timestamp())
-    FROM radix.jobs j WHERE j.job_id = s.job_id AND quote_ident(j.schema_name) || '.' || quote_ident(j.job_name) = job
-    RETURNING 'due now'
-$$"""
-
-
-def test_run_now_button_calls_run_job(app: App, console: Serve, browser: Browser) -> None:
-    """The button's path (confirmation, CSRF, the call, the result, the timeline) with a stand-in for
-    radix.run_job where this schema has none yet (the test above uses the real one when it exists)."""
-    present = app.conn.execute("SELECT to_regprocedure('radix.run_job(text)') IS NOT NULL").fetchone()
-    if present and present[0]:
-        pytest.skip("radix.run_job exists: test_run_now_shows_the_attempt_in_the_timeline covers it")
-    app.conn.execute(STAND_IN)
-    errors: list[str] = []
-    page = open_page(browser, errors)
-    log_in(page, console.url)
-    app.job("CREATE JOB app.rare SCHEDULE EVERY INTERVAL '1 day' STARTING AT TIMESTAMP '2100-01-01 00:00:00+00' "
-            "RUN AS {p} CALL app.record('rare')")
-    page.goto(job_url(app, console, "app.rare"))
-    assert page.locator("#timeline rect.attempt").count() == 0
-    flash = confirm(page, "Run now")
-    assert flash == "done: app.rare: run requested (due now)"
-    page.wait_for_selector("#timeline rect.attempt", timeout=30_000)
-    assert errors == []

@@ -260,7 +260,7 @@ class Console:
             row = queries.job(conn, job_id)
             if row is None:
                 return {"row": None}
-            return {"row": row, "run_now": queries.has_run_job(conn),
+            return {"row": row,
                     "timeline": queries.history(conn, job_id, since_s=window_s, limit=queries.TIMELINE_MAX),
                     "history": queries.history(conn, job_id, status=status, before=before)}
 
@@ -274,7 +274,7 @@ class Console:
         history = data["history"]
         older = history[-1]["history_id"] if len(history) == queries.HISTORY_PAGE else None
         return self.render(request, session, "job.html", page="jobs", db=database, job=data["row"],
-                           run_now=data["run_now"], history=history, older=older, window=window,
+                           history=history, older=older, window=window,
                            windows=present.WINDOWS, status=status, statuses=HISTORY_STATUSES,
                            chart=present.timeline(data["timeline"], _now(), window_s))
 

@@ -106,7 +106,6 @@ DOCUMENT = "SELECT * FROM radix.document_overview d WHERE d.num OPERATOR(pg_cata
 PROCESSES = """
 SELECT p.*, pg_catalog.date_part('epoch', p.duration) AS duration_s FROM radix.document_processes p
 WHERE p.num OPERATOR(pg_catalog.=) %s::pg_catalog.text ORDER BY p.id DESC LIMIT 50"""
-HAS_RUN_JOB = "SELECT pg_catalog.to_regprocedure('radix.run_job(text)') IS NOT NULL AS present"
 
 
 def connect(dsn: str) -> Conn:
@@ -170,11 +169,6 @@ def processes(conn: Conn, num: str) -> list[Row]:
     return conn.execute(PROCESSES, (num,)).fetchall()
 
 
-def has_run_job(conn: Conn) -> bool:
-    row = conn.execute(HAS_RUN_JOB).fetchone()
-    return bool(row and row["present"])
-
-
 # -- actions: the database's own functions; the result is one line either way --------------------------
 def _outcome(conn: Conn, query: Any, params: Sequence[Any]) -> tuple[bool, str]:
     try:
@@ -185,8 +179,6 @@ def _outcome(conn: Conn, query: Any, params: Sequence[Any]) -> tuple[bool, str]:
 
 
 def run_job(conn: Conn, name: str) -> tuple[bool, str]:
-    if not has_run_job(conn):
-        return False, "run now is not available in this version"
     ok, value = _outcome(conn, "SELECT radix.run_job(%s::pg_catalog.text) AS result", (name,))
     return ok, f"{name}: run requested ({value})" if ok else value
 
