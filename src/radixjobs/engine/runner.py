@@ -120,6 +120,7 @@ class Engine:
         try:
             await self._pool.open(wait=True, timeout=POOL_OPEN_TIMEOUT_S)
         except BaseException:
+            await self._pool.close()  # no-op when its own timeout closed it already
             await self._control.close()
             self._control = None
             raise
