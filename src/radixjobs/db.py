@@ -59,6 +59,11 @@ async def abound_lock_waits(conn: psycopg.AsyncConnection[Any]) -> None:
 
 PINNED_OPTIONS = "-c search_path=pg_catalog,pg_temp"
 
+# How long a connection pool may take to fill once a direct connection of the same DSN succeeded (engine
+# and document scheduler start): a server gone meanwhile fails the start soon, and the owner's reconnect
+# loop, not the pool's own 30-second wait, decides when to try again.
+POOL_OPEN_TIMEOUT_S = 5.0
+
 
 def scheduler_dsn(dsn: str) -> str:
     """``dsn`` with the pinned search_path appended to its libpq ``options`` (idempotent).

@@ -37,7 +37,7 @@ from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
 from radixjobs import retry
-from radixjobs.db import abound_lock_waits, scheduler_dsn
+from radixjobs.db import POOL_OPEN_TIMEOUT_S, abound_lock_waits, scheduler_dsn
 from radixjobs.documents import expression, model
 from radixjobs.documents.model import Candidate, Started
 from radixjobs.documents.services import ServiceRegistry, ServiceSpec
@@ -141,13 +141,13 @@ class DocumentScheduler:
     async def start(self) -> None:
         """Open connections and register this node (alive while its control session is), unless it
         shares the node of an Engine of this process (hold_node_lock=False)."""
-        await self._pool.open(wait=True)
-        if self.hold_node_lock:
-            try:
-                self._control = await register_node(self.dsn, self.node_id)
-            except BaseException:
-                await self.close()
-                raise
+        if self.hold_node_lock:  # first: a direct connection fails at once when no server is there
+            self._control = await register_node(self.dsn, self.node_id)
+        try:
+            await self._pool.open(wait=True, timeout=POOL_OPEN_TIMEOUT_S)
+        except BaseException:
+            await self.close()
+            raise
 
     async def close(self) -> None:
         """Stop service workers, wait (bounded) for running tasks, close every connection."""

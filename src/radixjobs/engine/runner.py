@@ -28,7 +28,7 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
 from radixjobs import retry
-from radixjobs.db import abound_lock_waits, first_line, scheduler_dsn
+from radixjobs.db import POOL_OPEN_TIMEOUT_S, abound_lock_waits, first_line, scheduler_dsn
 from radixjobs.engine.attempt import AttemptRunner, Claim, Outcome
 from radixjobs.engine.definitions import (
     CLAIM,
@@ -117,9 +117,17 @@ class Engine:
         await self.close()
 
     async def start(self) -> None:
-        """Open connections and register this node: it is alive while its control session is."""
-        await self._pool.open(wait=True)
+        """Register this node (alive while its control session is), then open the pool. The control
+        session is a direct connection, so no server (or, behind a multi-host DSN, no primary yet) fails
+        here at once with libpq's reason, rather than after the pool's own retries (docs/failover.md)."""
         self._control = await register_node(self.dsn, self.node_id)
+        try:
+            await self._pool.open(wait=True, timeout=POOL_OPEN_TIMEOUT_S)
+        except BaseException:
+            await self._pool.close()  # no-op when its own timeout closed it already
+            await self._control.close()
+            self._control = None
+            raise
         self._lease_keeper.start()
 
     async def shutdown(self, grace_s: float) -> None:

@@ -150,6 +150,8 @@ class Daemon:
         """Log once per state change: PostgreSQL became unreachable, or reachable again."""
         before, self.reachable = self.reachable, reachable
         if reachable and before is False:
+            for owner, _ in self.owners.values():  # reconnect now, not when the backoff ends (a failover)
+                owner.reachable.set()
             log.info("PostgreSQL is reachable again node=%s", self.config.node_id,
                      extra={"fields": {"event": "postgres_reachable", "node": self.config.node_id}})
         elif not reachable and before is not False:

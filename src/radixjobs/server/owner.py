@@ -48,6 +48,7 @@ class DatabaseOwner:
         self._documents_task: asyncio.Task[None] | None = None
         self.wake = asyncio.Event()
         self.stopping = asyncio.Event()
+        self.reachable = asyncio.Event()  # set by the daemon's discovery when PostgreSQL is reachable again
         self.connected = False
         self.last_error: str | None = None
         self.reconnects = 0
@@ -66,14 +67,16 @@ class DatabaseOwner:
                 await self._serve()
                 return
             except (psycopg.OperationalError, psycopg.InterfaceError, OSError) as exc:
+                self.reachable.clear()  # only discovery's look from now on may cut the backoff short
+                if self.connected:  # it was serving: a new outage (a failover) starts the backoff afresh
+                    backoff = 0.2
                 self.connected = False
                 self.last_error = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
                 log.warning("database connection lost db=%s node=%s error=%s; reconnecting in %.1fs",
                             self.name, self.node_id, self.last_error, backoff)
                 await self._drop_engine()
                 self.reconnects += 1
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self.stopping.wait(), backoff * (0.5 + random.random()))
+                await self._backoff(backoff * (0.5 + random.random()))
                 backoff = min(backoff * 2, 10.0)
             except Exception as exc:  # anything else (a bug, an unexpected answer): logged, counted, retried
                 self.connected = False
@@ -85,6 +88,16 @@ class DatabaseOwner:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self.stopping.wait(), backoff * (0.5 + random.random()))
                 backoff = min(backoff * 2, 10.0)
+
+    async def _backoff(self, seconds: float) -> None:
+        """Wait before reconnecting: ``seconds``, or less when stopped or when discovery saw PostgreSQL
+        reachable again (``reachable``: after a failover, the new primary is used as soon as found)."""
+        waits = [asyncio.ensure_future(self.stopping.wait()), asyncio.ensure_future(self.reachable.wait())]
+        try:
+            await asyncio.wait(waits, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for wait in waits:
+                wait.cancel()
 
     async def _serve(self) -> None:
         engine = Engine(self.dsn, node_id=self.node_id, concurrency=self.concurrency, grace_s=5.0,
