@@ -18,12 +18,14 @@ Embedding the scheduler (asyncio)::
 
 from radixjobs.catalog import (
     alter_job,
+    backfill_job,
     create_job,
     drop_job,
     execute_job_ddl,
     get_job,
     job_history,
     list_jobs,
+    run_job,
 )
 from radixjobs.config import open_target, resolve_dsn
 from radixjobs.ddl import parse_job_statement
@@ -57,6 +59,7 @@ __all__ = [
     "SchemaError",
     "StatementError",
     "alter_job",
+    "backfill_job",
     "check_ready",
     "code_version",
     "create_job",
@@ -70,4 +73,5 @@ __all__ = [
     "open_target",
     "parse_job_statement",
     "resolve_dsn",
+    "run_job",
 ]
