@@ -232,6 +232,29 @@ BEGIN
     RETURN principal;
 END $$;
 
+-- The job named `job`, locked for a change (the wait bounded, one-line errors), and its owner checked
+-- against `caller`. A running atomic attempt does not hold the lock this takes (NO KEY UPDATE).
+CREATE FUNCTION radix._job_for_change(caller oid, job text) RETURNS radix.jobs
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    prior_timeout text := radix._bound_lock_wait();
+    j radix.jobs;
+BEGIN
+    BEGIN
+        j := radix._find_job(job);
+    EXCEPTION WHEN lock_not_available THEN
+        RAISE EXCEPTION 'job % is being changed by another transaction; try again', job USING ERRCODE = '55P03';
+    END;
+    PERFORM pg_catalog.set_config('lock_timeout', prior_timeout, true);
+    IF j.job_id IS NULL THEN
+        RAISE EXCEPTION 'job % does not exist', job USING ERRCODE = '42704';
+    END IF;
+    PERFORM radix._check_job_owner(j, caller);
+    RETURN j;
+END $$;
+
 -- -- requests ------------------------------------------------------------------------------------------
 
 -- Install the oldest queued request as the job's current tick when the job is idle; true when it did.
@@ -321,21 +344,10 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     caller oid := radix._caller(creator);
-    prior_timeout text := radix._bound_lock_wait();
-    j radix.jobs;
+    j radix.jobs := radix._job_for_change(caller, job);
     s radix.radix_system_job_state;
     queued bigint[];
 BEGIN
-    BEGIN
-        j := radix._find_job(job);
-    EXCEPTION WHEN lock_not_available THEN
-        RAISE EXCEPTION 'job % is being changed by another transaction; try again', job USING ERRCODE = '55P03';
-    END;
-    PERFORM pg_catalog.set_config('lock_timeout', prior_timeout, true);
-    IF j.job_id IS NULL THEN
-        RAISE EXCEPTION 'job % does not exist', job USING ERRCODE = '42704';
-    END IF;
-    PERFORM radix._check_job_owner(j, caller);
     IF cardinality(ticks) > radix.max_requested_ticks() THEN
         RAISE EXCEPTION 'RUN JOB would queue % ticks, above the limit of % per statement', cardinality(ticks),
             radix.max_requested_ticks() USING ERRCODE = '54000', HINT = 'Split the range.';
@@ -530,24 +542,14 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     caller oid := radix._caller(creator);
-    prior_timeout text := radix._bound_lock_wait();
-    j radix.jobs;
+    j radix.jobs := radix._job_for_change(caller, job);
+    prior_timeout text;
     n radix.jobs;
     parts text[];
     principal pg_roles;
     bound jsonb;
     quiet boolean;
 BEGIN
-    BEGIN
-        j := radix._find_job(job);
-    EXCEPTION WHEN lock_not_available THEN
-        RAISE EXCEPTION 'job % is being changed by another transaction; try again', job USING ERRCODE = '55P03';
-    END;
-    IF j.job_id IS NULL THEN
-        PERFORM pg_catalog.set_config('lock_timeout', prior_timeout, true);
-        RAISE EXCEPTION 'job % does not exist', job USING ERRCODE = '42704';
-    END IF;
-    PERFORM radix._check_job_owner(j, caller);
     n := radix._with_options(j, NULL, reset);
     IF rename_to IS NOT NULL THEN
         parts := radix._split_qualified(rename_to, 'job');
@@ -591,7 +593,6 @@ BEGIN
         n.enabled := enabled;
     END IF;
     IF n IS NOT DISTINCT FROM j THEN
-        PERFORM pg_catalog.set_config('lock_timeout', prior_timeout, true);
         RETURN false;
     END IF;
     quiet := (n.schema_name, n.job_name, n.history_limit, n.max_attempts) IS DISTINCT FROM
@@ -603,6 +604,7 @@ BEGIN
              (j.principal_oid, j.procedure_oid, j.procedure_signature, j.arguments, j.schedule_kind, j.interval_ns,
               j.starting_at_ns, j.at_ns, j.cron_expression, j.cron_time_zone, j.enabled, j.deadline_ms,
               j.coalesce_ticks);
+    prior_timeout := radix._bound_lock_wait();
     BEGIN
         UPDATE radix.jobs SET schema_name = n.schema_name, job_name = n.job_name,
             principal_oid = n.principal_oid, principal_name = n.principal_name,
@@ -996,7 +998,7 @@ FROM radix.radix_system_job_history h JOIN radix.jobs j USING (job_id)
 WHERE radix._owner_visible(j.owner_oid);
 
 -- Internal: the scheduler's (and the definer functions') only.
-REVOKE ALL ON FUNCTION radix._promote_request(uuid), radix._rearm(radix.jobs, boolean),
+REVOKE ALL ON FUNCTION radix._promote_request(uuid), radix._job_for_change(oid, text), radix._rearm(radix.jobs, boolean),
     radix._with_options(radix.jobs, jsonb, text[]), radix._with_schedule(radix.jobs, jsonb),
     radix._check_principal(oid, oid, text) FROM PUBLIC;
 
