@@ -158,6 +158,16 @@ def test_backfill_runs_each_tick_once_even_when_repeated(app: App) -> None:
     assert {h["run_kind"] for h in app.history(name)} == {"run"}
 
 
+def test_a_repeated_backfill_does_not_queue_the_tick_in_progress(app: App) -> None:
+    name = _backfill_job(app)
+    stmt = "RUN JOB app.fill FOR RANGE TIMESTAMP '2026-01-02T00:00:00Z' TO TIMESTAMP '2026-01-02T03:00:00Z'"
+    assert catalog.execute_job_ddl(app.conn, stmt) == "RUN JOB 3"
+    assert app.state(name)["request_kind"] == "backfill"  # the oldest is the current tick, the rest queued
+    assert catalog.execute_job_ddl(app.conn, stmt) == "RUN JOB 0"
+    _drain(app, name)
+    assert len(app.effects()) == 3
+
+
 def test_backfill_is_bounded_and_stoppable(app: App) -> None:
     name = _backfill_job(app)
     catalog.execute_job_ddl(app.conn, "ALTER JOB app.fill SET SCHEDULE EVERY INTERVAL '1 minute' "

@@ -336,8 +336,8 @@ BEGIN
 END $$;
 
 -- RUN JOB / RUN JOB ... FOR RANGE: queue `ticks` (planned times, ns) as requests of `kind`; the same
--- rights as ALTER JOB. Ticks already queued, in flight, or done (a succeeded attempt in the history, or
--- a backfill tick recorded done) are skipped. Returns the ticks queued.
+-- rights as ALTER JOB. Ticks already queued, the job's current tick (which will run anyway), or done (a
+-- succeeded attempt in the history, or a backfill tick recorded done) are skipped. Returns the ticks queued.
 CREATE FUNCTION radix._request_ticks(creator name, job text, ticks bigint[], kind text) RETURNS bigint[]
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -356,7 +356,10 @@ BEGIN
     queued := ARRAY(
         SELECT DISTINCT t FROM unnest(ticks) AS t
         WHERE t IS NOT NULL
-          AND NOT (s.status IN ('running', 'retry_wait') AND s.planned_ns = t)
+          -- the job's current tick (scheduled, running or retrying, a request's or the stashed regular one)
+          AND NOT (s.status IN ('scheduled', 'running', 'retry_wait') AND s.planned_ns = t)
+          AND NOT (s.stash->>'status' IN ('scheduled', 'running', 'retry_wait')
+                   AND (s.stash->>'planned_ns')::bigint = t)
           AND NOT EXISTS (SELECT 1 FROM radix.job_requests q WHERE q.job_id = j.job_id AND q.planned_ns = t)
           AND NOT (kind = 'backfill' AND (
                    EXISTS (SELECT 1 FROM radix.backfill_done d WHERE d.job_id = j.job_id AND d.planned_ns = t)
