@@ -4178,9 +4178,9 @@ BEGIN
         SELECT DISTINCT t FROM unnest(ticks) AS t
         WHERE t IS NOT NULL
           -- the job's current tick (scheduled, running or retrying, a request's or the stashed regular one)
-          AND NOT (s.status IN ('scheduled', 'running', 'retry_wait') AND s.planned_ns = t)
-          AND NOT (s.stash->>'status' IN ('scheduled', 'running', 'retry_wait')
-                   AND (s.stash->>'planned_ns')::bigint = t)
+          AND NOT coalesce(s.status IN ('scheduled', 'running', 'retry_wait') AND s.planned_ns = t, false)
+          AND NOT coalesce(s.stash->>'status' IN ('scheduled', 'running', 'retry_wait')
+                           AND (s.stash->>'planned_ns')::bigint = t, false)
           AND NOT EXISTS (SELECT 1 FROM radix.job_requests q WHERE q.job_id = j.job_id AND q.planned_ns = t)
           AND NOT (kind = 'backfill' AND (
                    EXISTS (SELECT 1 FROM radix.backfill_done d WHERE d.job_id = j.job_id AND d.planned_ns = t)
