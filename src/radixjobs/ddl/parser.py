@@ -84,7 +84,7 @@ class _Parser(ConstantParser):
         change = _AlterChanges()
         while True:
             start = self.token
-            if not change.take(self, self.alter_action()):
+            if not change.take(self.alter_action()):
                 raise self.fail("this is changed more than once in the statement", start)
             if not self.token.is_punct(","):
                 break
@@ -293,7 +293,7 @@ class _AlterChanges:
     reset: tuple[str, ...] = ()
     seen: set[str] = field(default_factory=set)
 
-    def take(self, parser: _Parser, action: tuple[str, object]) -> bool:
+    def take(self, action: tuple[str, object]) -> bool:
         """Record an action; False when it was already given."""
         key, value = action
         if key in self.seen:
