@@ -168,13 +168,13 @@ def test_status_metrics_healthz_stay_bounded(app: App, tmp_path: Path) -> None:
                  message="failures")
         status = daemon.status()
         assert set(status) == {"node", "uptime_s", "version", "databases", "counters", "running_attempts",
-                               "last_error"}
+                               "last_error", "clusters"}
         assert status["node"] == "node"
         assert status["last_error"] == {"source": "job", "category": "raised_exception", "kind": "raise_exception"}
         code, metrics = daemon.get("/metrics")
         assert code == 200
         series = [line for line in metrics.splitlines() if line and not line.startswith("#")]
-        assert len(series) == 25  # fixed, whatever the number of jobs and errors
+        assert len(series) == 25 + 7  # fixed, whatever the number of jobs and errors (7 per --dsn target)
         assert "secret table" not in metrics
         assert 'radixjobs_failures_total{category="raised_exception"}' in metrics
         assert daemon.get("/healthz") == (200, "ok")
