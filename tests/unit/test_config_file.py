@@ -89,7 +89,7 @@ def test_precedence_command_line_file_environment_default(tmp_path: Path) -> Non
     ("poll = 'fast'", "key 'poll': expected a number, got a string"),
     ("all-databases = 'yes'", "key 'all-databases': expected true or false, got a string"),
     ("log-format = 'xml'", "key 'log-format': 'xml' is not one of 'text', 'json'."),
-    ("dsn = ['host=/a', 'host=/b']", "key 'dsn': takes one value; a list of 2 is not supported yet"),
+    ("dsn = ['host=/a', 'host=/b']", "key 'dsn': takes one value; a list of 2 is not supported"),
     ("service = [1]", "key 'service': expected a string, got an integer"),
     ("[serve]\npoll = 1", "unknown key 'serve'; the keys are the long flags of `group serve` without the dashes"),
     ("http = {a = 1}", "key 'http': expected a string, got a table"),
