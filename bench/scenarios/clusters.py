@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import time
 from typing import Any
 
@@ -42,6 +43,11 @@ def prepare(db: BenchDatabase, jobs: int) -> None:
         conn.execute(b"UPDATE radix.radix_system_job_state SET due_ns = NULL")
 
 
+def finished(db: BenchDatabase, jobs: int) -> bool:
+    return bool(db.scalar("SELECT count(*) = %s FROM radix.radix_system_job_history WHERE finished_at IS NOT NULL",
+                          (jobs,)))
+
+
 def measure(dbs: list[BenchDatabase], args: argparse.Namespace) -> dict[str, Any]:
     for db in dbs:
         prepare(db, args.jobs)
@@ -57,9 +63,8 @@ def measure(dbs: list[BenchDatabase], args: argparse.Namespace) -> dict[str, Any
                 conn.execute(b"UPDATE radix.radix_system_job_state SET due_ns = planned_ns")
                 conn.execute(b"NOTIFY radix_jobs")
         for db in dbs:
-            wait_for(lambda db=db: db.scalar("SELECT count(*) = %s FROM radix.radix_system_job_history "
-                                             "WHERE finished_at IS NOT NULL", (args.jobs,)),
-                     timeout=900, interval=0.25, message="every attempt to finish")
+            wait_for(functools.partial(finished, db, args.jobs), timeout=900, interval=0.25,
+                     message="every attempt to finish")
         used = [meter.used() for meter in meters]
     finally:
         daemon.stop()
