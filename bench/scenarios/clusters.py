@@ -15,6 +15,7 @@ import time
 from typing import Any
 
 from harness import BenchDatabase, CpuMeter, Daemon, bench_database, clone_jobs, wait_for
+from scenarios import baseline
 from scenarios.throughput import CREATE_JOB
 
 SPAN = """
@@ -25,6 +26,7 @@ FROM radix.radix_system_job_history
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    baseline.add_arguments(parser)
     parser.add_argument("--jobs", type=int, default=5_000, help="one-time jobs per cluster (default 5000)")
     parser.add_argument("--clusters", type=int, choices=(1, 2), default=2, help="clusters served (default 2)")
     parser.add_argument("--concurrency", type=int, default=8,
@@ -88,10 +90,13 @@ def measure(dbs: list[BenchDatabase], args: argparse.Namespace) -> dict[str, Any
 
 
 def run(db: BenchDatabase, args: argparse.Namespace) -> dict[str, Any]:
+    one = baseline.measure(db, 1, args.baseline_seconds)  # the first cluster's server, this run: for ratios
     started = time.monotonic()
     with contextlib.ExitStack() as stack:
         dbs = [db]
         if args.clusters == 2:
             dbs.append(stack.enter_context(bench_database("clusters2", args.second_dsn, db.settings)))
         result = measure(dbs, args)
-    return {"clusters": result, "wall_s": round(time.monotonic() - started, 1)}
+    result["ratio_to_baseline"] = round(result["attempts_per_s"] / one, 3)
+    return {"clusters": result, "baseline": {"one_connection_commits_per_s": round(one)},
+            "wall_s": round(time.monotonic() - started, 1)}

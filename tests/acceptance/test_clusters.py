@@ -13,6 +13,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from tests.acceptance.conftest import run_cli
 from tests.acceptance.serving import Serve
 from tests.acceptance.test_external_cluster import effects, ext, job
 from tests.apps import App
@@ -77,9 +78,13 @@ def test_one_daemon_serves_two_clusters_beside_a_down_and_a_hung_one(app: App, d
             nodes = [row[0] for row in conn.execute("SELECT node_id FROM radix.nodes ORDER BY 1")]
         assert f"node@{ext_label}" in nodes
         assert "node" not in nodes
+        shown = run_cli("status", "--http", server.url)
+        assert shown.returncode == 0, shown.stderr
+        assert "clusters:" in shown.stdout
+        assert all(label in shown.stdout for label in labels)
         server.signal(signal.SIGTERM)
         assert server.wait(60) == 0  # the hung target's look does not hold the stop up
-        text = server.log.read_text() + str(status) + metrics + health
+        text = server.log.read_text() + str(status) + metrics + health + shown.stdout
         for password in ext.cluster.passwords.values():
             assert password not in text
         assert any(line.get("event") == "postgres_unreachable" and line.get("cluster") == labels[2]

@@ -207,6 +207,9 @@ def status_command(opts: Options, http: str) -> None:
     for key in ("counters", "jobs_by_status"):
         if isinstance(value.get(key), dict):
             human += "\n" + key + ":\n" + output.render_mapping(value[key])
+    if isinstance(value.get("clusters"), list) and value["clusters"]:
+        human += "\nclusters:\n" + output.render_records(
+            value["clusters"], ["target", "reachable", "databases", "running_attempts", "slots"])
     emit(opts, value, human)
 
 
