@@ -7,16 +7,19 @@ from __future__ import annotations
 
 import signal
 import socket
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
+from psycopg import sql
 
 from tests.acceptance.conftest import run_cli
 from tests.acceptance.serving import Serve
 from tests.acceptance.test_external_cluster import effects, ext, job
-from tests.apps import App
+from tests.apps import App, make_app
 from tests.external import ExternalDb
 from tests.support import wait_for
 
@@ -89,5 +92,43 @@ def test_one_daemon_serves_two_clusters_beside_a_down_and_a_hung_one(app: App, d
             assert password not in text
         assert any(line.get("event") == "postgres_unreachable" and line.get("cluster") == labels[2]
                    for line in server.log_lines())
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def other_app(pg: Any, template_db: str, roles: Any) -> Iterator[App]:
+    """A second database of the embedded server, set up as ``app`` is (another target of the daemon)."""
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(pg.dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(sql.Identifier(name),
+                                                                       sql.Identifier(template_db)))
+    try:
+        with psycopg.connect(pg.dsn_for(name), autocommit=True) as conn:
+            yield make_app(pg.dsn_for(name), conn, roles("hogger"))
+    finally:
+        with psycopg.connect(pg.dsn, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+def test_a_cluster_whose_attempts_hang_keeps_to_its_share_of_the_slots(app: App, other_app: App,
+                                                                      tmp_path: Path) -> None:
+    """Attempts that never end in one target hold its share (--concurrency split evenly), not the node's
+    slots: the other target's job keeps running."""
+    other_app.conn.execute("CREATE PROCEDURE app.hang() LANGUAGE plpgsql AS $$ BEGIN PERFORM pg_sleep(600); END $$")
+    for index in range(4):
+        other_app.job(f"CREATE JOB app.hang{index} SCHEDULE EVERY INTERVAL '1 second' RUN AS {{p}} CALL app.hang()")
+    app.job("CREATE JOB app.tick SCHEDULE EVERY INTERVAL '1 second' RUN AS {p} CALL app.record('tick')")
+    server = Serve(tmp_path, "--dsn", app.dsn, "--dsn", other_app.dsn, "--concurrency", "4",
+                   "--max-per-principal", "0", "--poll", "0.2")
+    try:
+        def hanging() -> int:
+            return int(server.status()["clusters"][1]["running_attempts"])
+
+        wait_for(lambda: hanging() == 2, timeout=60, message="the hanging target to fill its 2 slots")
+        before = len(app.effects())
+        wait_for(lambda: len(app.effects()) >= before + 3, timeout=60, message="three more ticks elsewhere")
+        assert hanging() == 2  # never more than its share
+        assert [c["slots"] for c in server.status()["clusters"]] == [2, 2]
     finally:
         server.stop()
