@@ -1,6 +1,6 @@
 """Benchmarks of radixjobs: ``python bench/run.py SCENARIO [--json] [options]``.
 
-Scenarios: baseline, throughput, lateness, scale, failover (see docs/benchmarks.md). Each creates its own
+Scenarios: baseline, throughput, lateness, scale, failover, clusters (see docs/benchmarks.md). Each creates its own
 embedded server in a temporary directory (or uses ``--dsn``, a superuser DSN) and its own database.
 """
 
@@ -15,7 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from harness import bench_database, emit, parse_settings
 
-SCENARIOS = ("baseline", "throughput", "lateness", "scale", "failover")
+SCENARIOS = ("baseline", "throughput", "lateness", "scale", "failover", "clusters")
 
 
 def parser() -> argparse.ArgumentParser:

@@ -8,6 +8,8 @@ measurement window count (it starts a few seconds after the daemon, so start-up 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import socket
 import time
 from typing import Any
 
@@ -50,6 +52,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--phase", choices=("spread", "aligned"), default="spread",
                         help="ticks spread evenly over the second (default), or all jobs due at the same instant")
     parser.add_argument("--concurrency", type=int, default=8, help="per-database concurrency (daemon default 8)")
+    parser.add_argument("--down-and-hung-targets", action="store_true",
+                        help="serve two more targets beside the database: nothing listening on a free loopback "
+                             "port, and a loopback listener that never answers (docs/scaling.md)")
+
+
+def other_targets(stack: contextlib.ExitStack) -> list[str]:
+    """``--dsn`` arguments of a target that is down and one that hangs (its socket lives in ``stack``)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        down_port = probe.getsockname()[1]
+    hung = stack.enter_context(socket.socket())
+    hung.bind(("127.0.0.1", 0))
+    hung.listen(64)
+    return ["--dsn", f"host=127.0.0.1 port={down_port} dbname=down user=nobody",
+            "--dsn", f"host=127.0.0.1 port={hung.getsockname()[1]} dbname=hung user=nobody"]
 
 
 def run(db: BenchDatabase, args: argparse.Namespace) -> dict[str, Any]:
@@ -58,8 +75,11 @@ def run(db: BenchDatabase, args: argparse.Namespace) -> dict[str, Any]:
         conn.execute(CREATE_JOB.encode(), (db.principal,))
         spread_ns = (args.jobs - 1) * NS // args.jobs if args.phase == "spread" else 0
         clone_jobs(conn, "l0", "l", args.jobs - 1, vary=False, spread_ns=spread_ns)
-    daemon = Daemon(db.dsn, "bench-lateness", "--per-database-concurrency", str(args.concurrency),
-                    "--concurrency", str(max(32, args.concurrency)))
+    stack = contextlib.ExitStack()
+    others = other_targets(stack) if args.down_and_hung_targets else []
+    node = max(32, args.concurrency) * (3 if others else 1)  # the database's cluster keeps its default share
+    daemon = Daemon(db.dsn, "bench-lateness", *others, "--per-database-concurrency", str(args.concurrency),
+                    "--concurrency", str(node))
     try:
         time.sleep(3.0)  # start-up: connections, first claims
         w0 = int(db.scalar("SELECT radix.to_ns(clock_timestamp())"))
@@ -71,6 +91,7 @@ def run(db: BenchDatabase, args: argparse.Namespace) -> dict[str, Any]:
         rss = psutil.Process(daemon.proc.pid).memory_info().rss
     finally:
         daemon.stop()
+        stack.close()
     with db.connect() as conn:
         row = conn.execute(TICKS.encode(), {"w0": w0, "w1": w1}).fetchone()
     assert row is not None
@@ -78,7 +99,7 @@ def run(db: BenchDatabase, args: argparse.Namespace) -> dict[str, Any]:
     result: dict[str, Any] = {
         "jobs": args.jobs, "phase": args.phase, "seconds": args.seconds, "concurrency": args.concurrency,
         "ticks_expected": expected, "ticks_run": ran, "ticks_missed": expected - ran,
-        "duplicate_ticks": duplicates,
+        "duplicate_ticks": duplicates, "down_and_hung_targets": bool(others),
         "daemon_cpu_percent_of_a_core": round(100 * cpu["daemon"] / args.seconds, 1),
         "server_cpu_percent_of_a_core": round(100 * cpu["server"] / args.seconds, 1),
         "daemon_rss_mb": round(rss / 2**20, 1),

@@ -8,8 +8,8 @@ Invariants:
   (``radixjobs --dsn X serve``) counts as command line too.
 - Every problem is one line naming the file and the key (or the TOML line): unknown keys, wrong types, values
   out of range, unreadable files, invalid TOML. Nothing is applied from a file with a problem.
-- A single-valued key also takes a one-element list (``dsn = ["…"]``); more elements are refused as not
-  supported yet.
+- A repeatable flag's key takes a list or one value (``serve``'s ``dsn = ["…", "…"]``: several clusters). A
+  single-valued key also takes a one-element list; more elements are refused.
 """
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ def _check(ctx: click.Context, path: Path, key: str, param: click.Option, value:
         return tuple(one(item) for item in items)
     if isinstance(value, list):
         if len(value) != 1:
-            raise ConfigFileError(f"{where}: takes one value; a list of {len(value)} is not supported yet")
+            raise ConfigFileError(f"{where}: takes one value; a list of {len(value)} is not supported")
         value = value[0]
     if param.is_flag and not param.count:
         one(value)

@@ -57,7 +57,7 @@ def test_owner_error_is_logged_counted_and_recovered(app: App, tmp_path: Path) -
         assert "provoked by the test" in failed[0]["message"]
         database = wait_for(lambda: (d := daemon.status()["databases"][0])["owner_errors"] >= 1 and d,
                             timeout=30, message="the counter")
-        assert set(database) == {"name", "connected", "running_attempts", "reconnects", "owner_errors"}
+        assert set(database) == {"name", "connected", "running_attempts", "reconnects", "owner_errors", "cluster"}
         assert "provoked" not in json.dumps(daemon.status())  # counts only, no error text
         # it keeps retrying (with backoff) while the cause is there
         wait_for(lambda: daemon.status()["databases"][0]["owner_errors"] >= 2, timeout=30,

@@ -169,15 +169,15 @@ def test_status_metrics_healthz_stay_bounded(app: App, tmp_path: Path) -> None:
                  message="failures")
         status = daemon.status()
         assert set(status) == {"node", "uptime_s", "version", "databases", "counters", "running_attempts",
-                               "last_error"}
+                               "last_error", "clusters"}
         assert status["node"] == "node"
         assert status["last_error"] == {"source": "job", "category": "raised_exception", "kind": "raise_exception"}
         code, metrics = daemon.get("/metrics")
         assert code == 200
         series = [line for line in metrics.splitlines() if line and not line.startswith("#")]
-        # fixed, whatever the number of jobs and errors: 25 counters and gauges, and four histograms (claims,
-        # attempts by outcome) of len(LATENCY_BUCKETS_S) + 1 buckets, a sum and a count each
-        assert len(series) == 25 + 4 * (len(LATENCY_BUCKETS_S) + 3)
+        # fixed, whatever the number of jobs and errors: 25 counters and gauges, 7 per --dsn target, and four
+        # histograms (claims, attempts by outcome) of len(LATENCY_BUCKETS_S) + 1 buckets, a sum and a count each
+        assert len(series) == 25 + 7 + 4 * (len(LATENCY_BUCKETS_S) + 3)
         assert "secret table" not in metrics
         assert 'radixjobs_failures_total{category="raised_exception"}' in metrics
         assert daemon.get("/healthz") == (200, "ok")

@@ -23,7 +23,8 @@ from radixjobs.server import Daemon, DaemonConfig
 from radixjobs.server.http import make_app
 from tests.fuzz import fuzz_settings
 
-STATUS_KEYS = {"node", "uptime_s", "version", "databases", "counters", "running_attempts", "last_error"}
+STATUS_KEYS = {"node", "uptime_s", "version", "databases", "counters", "running_attempts", "last_error",
+               "clusters"}
 ROUTES = ("status", "metrics", "healthz")
 METHODS = ["GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "TRACE", "PROPFIND", "get", "X" * 40]
 SEGMENTS = [*ROUTES, "", ".", "..", "%2e%2e", "STATUS", "status.json", "metrics;x", "%00", "%ff", "%2F", "//",

@@ -89,7 +89,7 @@ def test_precedence_command_line_file_environment_default(tmp_path: Path) -> Non
     ("poll = 'fast'", "key 'poll': expected a number, got a string"),
     ("all-databases = 'yes'", "key 'all-databases': expected true or false, got a string"),
     ("log-format = 'xml'", "key 'log-format': 'xml' is not one of 'text', 'json'."),
-    ("dsn = ['host=/a', 'host=/b']", "key 'dsn': takes one value; a list of 2 is not supported yet"),
+    ("dsn = ['host=/a', 'host=/b']", "key 'dsn': takes one value; a list of 2 is not supported"),
     ("service = [1]", "key 'service': expected a string, got an integer"),
     ("[serve]\npoll = 1", "unknown key 'serve'; the keys are the long flags of `group serve` without the dashes"),
     ("http = {a = 1}", "key 'http': expected a string, got a table"),
@@ -123,7 +123,7 @@ def test_the_shipped_example_is_valid() -> None:
     example = Path(__file__).resolve().parents[2] / "contrib" / "radixjobs.toml"
     with click.Context(serve_command, info_name="serve") as ctx:
         values = load(ctx, serve_command, example)
-    assert values["dsn"] == "host=/run/postgresql dbname=app user=radixjobs"
+    assert values["dsn"] == ("host=/run/postgresql dbname=app user=radixjobs",)  # serve: one or several
     assert values["services"] == ()
     assert values["log_format"] == "json"
 
@@ -142,3 +142,32 @@ def test_the_documented_example_is_valid(tmp_path: Path) -> None:
     assert {"dsn", "all_databases", "http", "http_max_connections", "http_request_timeout", "node_id",
             "concurrency", "per_database_concurrency", "max_per_principal", "grace", "poll", "discovery_interval",
             "log_format", "services", "home"} <= set(values)
+
+
+
+def test_several_dsns_from_the_file_and_the_command_line_wins(tmp_path: Path) -> None:
+    """``serve``'s decorators on a command of the real root group: ``dsn = [a, b]`` is two targets; ``--dsn``
+    given after or before the command name wins; the environment is one DSN, never split."""
+    from radixjobs.cli.common import Options, many_dsns_options
+
+    seen: list[tuple[str, ...]] = []
+
+    @click.command("t-serve", cls=ConfigFileCommand)
+    @config_option
+    @many_dsns_options
+    def t_serve(opts: Options) -> None:
+        seen.append(opts.dsns)
+
+    path = tmp_path / "radixjobs.toml"
+    path.write_text('dsn = ["host=/a dbname=x", "host=/b dbname=x"]\n', encoding="utf-8")
+    cli.add_command(t_serve)
+    try:
+        for args in (["t-serve", "--config", str(path)], ["t-serve", "--config", str(path), "--dsn", "host=/c",
+                                                          "--dsn", "host=/e"],
+                     ["--dsn", "host=/d", "t-serve", "--config", str(path)], ["t-serve"]):
+            result = CliRunner().invoke(cli, args, env={"RADIXJOBS_DSN": "host=/env dbname=y"})
+            assert result.exit_code == 0, result.output
+    finally:
+        cli.commands.pop("t-serve")
+    assert seen == [("host=/a dbname=x", "host=/b dbname=x"), ("host=/c", "host=/e"), ("host=/d",),
+                    ("host=/env dbname=y",)]

@@ -24,7 +24,7 @@ def test_one_log_line_per_change_of_state(caplog: pytest.LogCaptureFixture) -> N
     daemon = Daemon(DaemonConfig(dsn="host=/nonexistent dbname=app", node_id="n"))
     caplog.set_level("INFO", logger="radixjobs.server")
     for reachable in (False, False, False, True, True, False, True):
-        daemon._reachability(reachable, "refused")
+        daemon.clusters[0]._reachability(reachable, "refused")
     messages = [r.getMessage().split(" node=")[0] for r in caplog.records]
     assert messages == ["PostgreSQL is not reachable", "PostgreSQL is reachable again",
                         "PostgreSQL is not reachable", "PostgreSQL is reachable again"]

@@ -25,23 +25,45 @@ class Options:
     dsn: str | None
     home: Path | None
     json: bool
+    dsns: tuple[str, ...] = ()  # every target (``serve --dsn`` repeated); else () or (dsn,)
 
 
 def common_options(func: F) -> F:
     """--dsn, --home and --json on every command (also accepted before the command name)."""
+    return _common_options(func, many_dsns=False)
 
-    @click.option("--dsn", envvar="RADIXJOBS_DSN", default=None, metavar="DSN",
-                  help="PostgreSQL DSN or URI (default: libpq PG* variables, else the embedded server).")
+
+def many_dsns_options(func: F) -> F:
+    """common_options whose --dsn may be repeated (``serve``: several clusters); the file key ``dsn`` takes a
+    list. The environment (RADIXJOBS_DSN, read by the root group) is one DSN: it is not split."""
+    return _common_options(func, many_dsns=True)
+
+
+def _common_options(func: F, *, many_dsns: bool) -> F:
+    if many_dsns:
+        dsn_option = click.option(
+            "--dsn", multiple=True, metavar="DSN",
+            help="PostgreSQL DSN or URI; repeat it to serve several clusters (default: RADIXJOBS_DSN, libpq "
+                 "PG* variables, else the embedded server).")
+    else:
+        dsn_option = click.option(
+            "--dsn", envvar="RADIXJOBS_DSN", default=None, metavar="DSN",
+            help="PostgreSQL DSN or URI (default: libpq PG* variables, else the embedded server).")
+
+    @dsn_option
     @click.option("--home", envvar="RADIXJOBS_HOME", default=None, metavar="DIR",
                   type=click.Path(file_okay=False, path_type=Path),
                   help="Data directory of the embedded server.")
     @click.option("--json", "as_json", is_flag=True, default=False, help="Print JSON.")
     @click.pass_context
-    def wrapper(ctx: click.Context, /, dsn: str | None, home: Path | None, as_json: bool,
+    def wrapper(ctx: click.Context, /, dsn: str | tuple[str, ...] | None, home: Path | None, as_json: bool,
                 **kwargs: Any) -> Any:
         parent: Options = ctx.find_object(Options) or Options(None, None, False)
-        opts = Options(_flag_wins(ctx, "dsn", dsn, parent.dsn), _flag_wins(ctx, "home", home, parent.home),
-                       as_json or parent.json)
+        own = (tuple(dsn) or None) if isinstance(dsn, tuple | list) else dsn
+        chosen = _flag_wins(ctx, "dsn", own, parent.dsn)
+        dsns = tuple(chosen) if isinstance(chosen, tuple) else ((chosen,) if chosen is not None else ())
+        opts = Options(dsns[0] if dsns else None, _flag_wins(ctx, "home", home, parent.home),
+                       as_json or parent.json, dsns)
         return ctx.invoke(func, opts, **kwargs)
 
     functools.update_wrapper(wrapper, func)

@@ -9,8 +9,16 @@ import click
 import psycopg
 
 from radixjobs import output
-from radixjobs.cli.common import Options, common_options, database, emit, ensure_schema, max_per_principal_option
-from radixjobs.config import open_target
+from radixjobs.cli.common import (
+    Options,
+    common_options,
+    database,
+    emit,
+    ensure_schema,
+    many_dsns_options,
+    max_per_principal_option,
+)
+from radixjobs.config import Target, open_target, resolve_dsn
 from radixjobs.config_file import ConfigFileCommand, config_option
 from radixjobs.db import connect
 from radixjobs.errors import ConnectError
@@ -36,6 +44,9 @@ from radixjobs.errors import ConnectError
               help="Attempts running at once on this node.")
 @click.option("--per-database-concurrency", default=8, show_default=True, type=click.IntRange(1, 1024),
               help="Attempts running at once per database.")
+@click.option("--per-cluster-concurrency", default=None, type=click.IntRange(1, 1024), metavar="N",
+              help="Attempts running at once per --dsn target (cluster). [default: --concurrency split evenly "
+                   "among the targets]")
 @max_per_principal_option("half of --per-database-concurrency")
 @click.option("--grace", default=30.0, show_default=True, type=click.FloatRange(min=0),
               help="Seconds running attempts get to finish on shutdown before they are cancelled.")
@@ -51,13 +62,14 @@ from radixjobs.errors import ConnectError
 @click.option("--service", "services", multiple=True, metavar="NAME=module:function",
               help="Register a CSP service for CRON_TABLE documents (besides the radixjobs.services entry "
                    "points); who may use it is granted in the database (radixjobs docs grant-service).")
-@common_options
+@many_dsns_options
 def serve_command(opts: Options, http: str, http_max_connections: int | None, http_request_timeout: float,
                   http_auth: str, http_token: str | None, all_databases: bool, node_id: str | None, concurrency: int,
-                  per_database_concurrency: int, max_per_principal: int | None, grace: float, poll: float,
+                  per_database_concurrency: int, per_cluster_concurrency: int | None, max_per_principal: int | None,
+                  grace: float, poll: float,
                   discovery_interval: float, lease_seconds: int, log_format: str, demo: bool,
                   services: tuple[str, ...]) -> None:
-    """Run the scheduler daemon until SIGINT/SIGTERM."""
+    """Run the scheduler daemon until SIGINT/SIGTERM (several clusters: repeat --dsn)."""
     import asyncio
     import signal
 
@@ -73,13 +85,19 @@ def serve_command(opts: Options, http: str, http_max_connections: int | None, ht
     allowed = parse_services(services)
     configure(logging.INFO, log_format)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # a reload before the daemon runs must not end it
+    from radixjobs.server.clusters import check_targets
+
     with open_target(opts.dsn, opts.home) as target:
-        _check_at_start(target, demo)
+        others = [Target(_resolved(dsn)) for dsn in opts.dsns[1:]]
+        check_targets([target.dsn, *(other.dsn for other in others)])
+        for each in (target, *others):
+            _check_at_start(each, demo)
         config = DaemonConfig(dsn=target.dsn, all_databases=all_databases or target.embedded is not None,
                               concurrency=concurrency, per_database_concurrency=per_database_concurrency,
                               max_per_principal=max_per_principal,
                               grace_s=grace, poll_s=poll, discovery_s=discovery_interval, services=allowed,
-                              lease_s=lease_seconds)
+                              lease_s=lease_seconds, extra_dsns=[other.dsn for other in others],
+                              per_cluster_concurrency=per_cluster_concurrency)
         if node_id:
             config.node_id = node_id
         auth = _console_auth(target.dsn, http_auth, http_token)
@@ -88,11 +106,17 @@ def serve_command(opts: Options, http: str, http_max_connections: int | None, ht
         asyncio.run(_serve(daemon, address, demo, http_max_connections, http_request_timeout, auth))
 
 
+def _resolved(dsn: str) -> str:
+    resolved = resolve_dsn(dsn)
+    assert resolved is not None  # a DSN given is never the embedded default
+    return resolved
+
+
 def _check_at_start(target: Any, demo: bool) -> None:
-    """The schema is checked (embedded: installed) now; an external server that cannot be reached yet is
-    waited for by the daemon (PostgreSQL down at start is not an error)."""
+    """The schema is checked (embedded: installed) now; an external server that cannot be reached yet (or
+    does not answer within 10 s) is waited for by the daemon (PostgreSQL down at start is not an error)."""
     try:
-        conn = connect(target.dsn)
+        conn = connect(target.dsn, connect_timeout=10)
     except ConnectError:
         if target.embedded is not None or demo:
             raise
@@ -183,6 +207,9 @@ def status_command(opts: Options, http: str) -> None:
     for key in ("counters", "jobs_by_status"):
         if isinstance(value.get(key), dict):
             human += "\n" + key + ":\n" + output.render_mapping(value[key])
+    if isinstance(value.get("clusters"), list) and value["clusters"]:
+        human += "\nclusters:\n" + output.render_records(
+            value["clusters"], ["target", "reachable", "databases", "running_attempts", "slots"])
     emit(opts, value, human)
 
 

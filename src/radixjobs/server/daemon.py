@@ -3,28 +3,29 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
-import random
 import re
 import signal
 import socket
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from radixjobs import migrate, observe, retry
-from radixjobs.db import first_line, scheduler_dsn
+from radixjobs.db import scheduler_dsn
 from radixjobs.documents.scheduler import COUNTER_KEYS as DOCUMENT_COUNTER_KEYS
 from radixjobs.engine.leases import DEFAULT_LEASE_S
 from radixjobs.engine.runner import COUNTER_KEYS
 from radixjobs.engine.slots import Slots
 from radixjobs.server.owner import DatabaseOwner
+
+if TYPE_CHECKING:
+    from radixjobs.server.clusters import Cluster
 
 log = logging.getLogger("radixjobs.server")
 
@@ -45,6 +46,8 @@ class DaemonConfig:
     discovery_s: float = 5.0
     services: dict[str, str] = field(default_factory=dict)  # CSP services allowed besides entry points
     lease_s: int = DEFAULT_LEASE_S  # claim lease, renewed every third of it while the attempt runs
+    extra_dsns: list[str] = field(default_factory=list)  # further targets (serve --dsn repeated)
+    per_cluster_concurrency: int | None = None  # slots per target; None: --concurrency split evenly
 
 
 def dsn_for_database(dsn: str, dbname: str) -> str:
@@ -90,99 +93,64 @@ def public_error(source: str, record: dict[str, Any]) -> dict[str, str]:
 
 
 class Daemon:
-    """The scheduler daemon of one node. ``tracing``: OpenTelemetry (default: as the OTEL_* environment
-    asks, radixjobs.observe.load_tracing)."""
+    """The scheduler daemon of one node: one supervisor per target (server/clusters.py). ``tracing``:
+    OpenTelemetry (default: as the OTEL_* environment asks, radixjobs.observe.load_tracing)."""
 
     def __init__(self, config: DaemonConfig, tracing: observe.Tracing | None = None):
+        from radixjobs.server.clusters import make_clusters
+
         config.dsn = scheduler_dsn(config.dsn)
+        config.extra_dsns = [scheduler_dsn(dsn) for dsn in config.extra_dsns]
         self.config = config
         self.slots = Slots(config.concurrency)
-        self.owners: dict[str, tuple[DatabaseOwner, asyncio.Task[None]]] = {}
+        self.clusters: list[Cluster] = make_clusters(config, self.slots)
         self.started_at = time.monotonic()
         self.stopping = asyncio.Event()
         self.last_error: dict[str, Any] | None = None
-        self.reachable: bool | None = None  # None until the first look
         self._reload_task: asyncio.Task[None] | None = None
         self.reloader: Callable[[], Coroutine[Any, Any, None]] | None = None  # SIGHUP (server/reload.py)
         self.latencies = observe.Latencies()  # /metrics' histograms
         self.tracing = tracing if tracing is not None else observe.load_tracing()
+        for cluster in self.clusters:
+            cluster.observer_for = self._observer
 
-    # -- discovery -------------------------------------------------------------------------------
-    async def ready_databases(self) -> list[str]:
-        """The databases to serve: the DSN's own, or every ready one of the cluster."""
-        if not self.config.all_databases:
-            name = conninfo_to_dict(self.config.dsn).get("dbname") or "postgres"
-            return [str(name)] if await is_ready(self.config.dsn, unreachable_raises=True) else []
-        async with await psycopg.AsyncConnection.connect(self.config.dsn, autocommit=True) as conn:
-            cur = await conn.execute(LIST_DATABASES)
-            names = [row[0] for row in await cur.fetchall()]
-        checks = await asyncio.gather(*(is_ready(dsn_for_database(self.config.dsn, n)) for n in names))
-        return [name for name, ready in zip(names, checks, strict=True) if ready]
+    @property
+    def owners(self) -> dict[str, tuple[DatabaseOwner, asyncio.Task[None]]]:
+        """Every database served, by name (with several targets: host:port/name)."""
+        if len(self.clusters) == 1:
+            return self.clusters[0].owners
+        return {cluster.database_key(name): entry for cluster in self.clusters
+                for name, entry in cluster.owners.items()}
 
-    async def discover(self) -> None:
-        """Start owners for new ready databases; stop those of databases that are gone or not ready."""
-        try:
-            ready = set(await self.ready_databases())
-        except psycopg.Error as exc:
-            self._reachability(False, first_line(exc))
-            return
-        self._reachability(True)
-        for name in sorted(ready - self.owners.keys()):
-            self._start_owner(name)
-        for name in sorted(self.owners.keys() - ready):
-            owner, task = self.owners.pop(name)
-            log.info("database no longer ready db=%s node=%s", name, self.config.node_id)
-            owner.stop()
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(task, self.config.grace_s + 10)
+    @property
+    def reachable(self) -> bool | None:
+        """Some target answered its last look (None before any look)."""
+        states = [cluster.reachable for cluster in self.clusters]
+        return True if any(states) else (None if all(s is None for s in states) else False)
 
-    def _start_owner(self, name: str) -> None:
-        dsn = dsn_for_database(self.config.dsn, name) if self.config.all_databases else self.config.dsn
-        owner = DatabaseOwner(name, dsn, node_id=self.config.node_id, slots=self.slots,
-                              concurrency=self.config.per_database_concurrency, poll_s=self.config.poll_s,
-                              grace_s=self.config.grace_s, services=self.config.services,
-                              max_per_principal=self.config.max_per_principal, lease_s=self.config.lease_s)
-        owner.observer = observe.Observer(name, self.latencies, self.tracing)
-        self.owners[name] = (owner, asyncio.create_task(owner.run(), name=f"owner:{name}"))
-        log.info("serving database db=%s node=%s", name, self.config.node_id)
+    @reachable.setter
+    def reachable(self, value: bool | None) -> None:
+        for cluster in self.clusters:
+            cluster.reachable = value
 
-    def _reachability(self, reachable: bool, error: str = "") -> None:
-        """Log once per state change: PostgreSQL became unreachable, or reachable again."""
-        before, self.reachable = self.reachable, reachable
-        if reachable and before is False:
-            for owner, _ in self.owners.values():  # reconnect now, not when the backoff ends (a failover)
-                owner.reachable.set()
-            log.info("PostgreSQL is reachable again node=%s", self.config.node_id,
-                     extra={"fields": {"event": "postgres_reachable", "node": self.config.node_id}})
-        elif not reachable and before is not False:
-            log.warning("PostgreSQL is not reachable node=%s error=%s; retrying with backoff (up to every %gs)",
-                        self.config.node_id, error, self.config.discovery_s,
-                        extra={"fields": {"event": "postgres_unreachable", "node": self.config.node_id}})
+    def _observer(self, database: str) -> observe.Observer:
+        return observe.Observer(database, self.latencies, self.tracing)
 
     def is_healthy(self) -> tuple[bool, str]:
-        """/healthz: serving (PostgreSQL reachable and, for one database, that database served)."""
+        """/healthz: serving (PostgreSQL reachable and, for one database, that database served); with
+        several targets, while at least one is (server/clusters.py)."""
+        from radixjobs.server.clusters import cluster_health
+
         if self.stopping.is_set():
             return False, "stopping"
-        if not self.reachable:
-            return False, "not ready: PostgreSQL is not reachable"
-        if not self.config.all_databases and not self.owners:
-            return False, "not ready: the database is not ready (radixjobs install)"
-        return True, "ok"
+        return cluster_health(self)
 
     # -- lifecycle -------------------------------------------------------------------------------
     async def run(self) -> None:
-        """Serve until stop(): rediscover databases periodically; while PostgreSQL cannot be reached, look
-        again with jittered exponential backoff (0.2 s up to --discovery-interval)."""
-        backoff = 0.2
-        while not self.stopping.is_set():
-            await self.discover()
-            if self.reachable:
-                backoff, wait_s = 0.2, self.config.discovery_s
-            else:
-                wait_s = min(backoff, self.config.discovery_s) * (0.5 + random.random() / 2)
-                backoff = min(backoff * 2, self.config.discovery_s)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.stopping.wait(), wait_s)
+        """Serve until stop(): each target rediscovers its databases in its own task, with its own backoff
+        while it cannot be reached; then every owner stops at once."""
+        await asyncio.gather(*(asyncio.create_task(cluster.run(self.stopping), name=f"cluster:{cluster.label}")
+                               for cluster in self.clusters))
         await self.shutdown()
 
     def stop(self) -> None:
@@ -190,9 +158,10 @@ class Daemon:
 
     async def shutdown(self) -> None:
         """Stop claiming everywhere, let running attempts finish within the grace, release, close."""
-        for owner, _ in self.owners.values():
+        owners = list(self.owners.values())
+        for owner, _ in owners:
             owner.stop()
-        tasks = [task for _, task in self.owners.values()]
+        tasks = [task for _, task in owners]
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
         if self.tracing is not None:  # the last spans and metrics, exported off the event loop
@@ -240,9 +209,11 @@ class Daemon:
         history, where PostgreSQL's row visibility decides who reads them)."""
         databases = []
         last_error = None
-        for name, (owner, _) in sorted(self.owners.items()):
+        served = [(cluster.label, *entry) for cluster in self.clusters for entry in sorted(cluster.owners.items())]
+        for label, name, (owner, _) in served:
             databases.append({"name": name, "connected": owner.connected, "running_attempts": owner.running,
-                              "reconnects": owner.reconnects, "owner_errors": owner.owner_errors})
+                              "reconnects": owner.reconnects, "owner_errors": owner.owner_errors,
+                              "cluster": label})
             if owner.engine is not None and owner.engine.last_error is not None:
                 last_error = public_error("job", owner.engine.last_error)
             if owner.documents is not None and owner.documents.last_error is not None:
@@ -255,4 +226,5 @@ class Daemon:
             "counters": self.counters(),
             "running_attempts": sum(owner.running for owner, _ in self.owners.values()),
             "last_error": last_error,
+            "clusters": [cluster.status() for cluster in self.clusters],
         }

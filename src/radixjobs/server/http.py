@@ -21,6 +21,7 @@ from radixjobs.documents.scheduler import COUNTER_KEYS as DOCUMENT_COUNTER_KEYS
 from radixjobs.observe import Histogram
 from radixjobs.output import jsonable
 from radixjobs.retry import Category
+from radixjobs.server.clusters import cluster_metrics
 from radixjobs.server.connections import (
     DEFAULT_REQUEST_TIMEOUT_S,
     MAX_HEADER_BYTES,
@@ -42,7 +43,8 @@ PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
 class DaemonCollector(Collector):
-    """Reads the daemon's counters at scrape time. Labels are bounded: failure category only."""
+    """Reads the daemon's counters at scrape time. Labels are bounded: failure category, and the cluster
+    (one per --dsn target)."""
 
     def __init__(self, daemon: Daemon):
         self.daemon = daemon
@@ -78,6 +80,7 @@ class DaemonCollector(Collector):
         uptime = GaugeMetricFamily("radixjobs_uptime_seconds", "Seconds since the daemon started")
         uptime.add_metric([], status["uptime_s"])
         yield uptime
+        yield from cluster_metrics(self.daemon)
         yield from self.histograms()
 
     def histograms(self) -> Iterable[Metric]:
