@@ -32,11 +32,12 @@ def test_every_derived_dsn_keeps_all_members_and_the_session_attrs() -> None:
 
 def test_owners_are_woken_when_postgresql_is_reachable_again() -> None:
     daemon = Daemon(DaemonConfig(dsn=MULTI, node_id="n"))
+    (cluster,) = daemon.clusters  # the target's supervisor (server/clusters.py) watches reachability
     owner = DatabaseOwner("app", daemon.config.dsn, node_id="n", slots=Slots(1), concurrency=1)
-    daemon.owners["app"] = (owner, None)  # type: ignore[assignment]
-    daemon._reachability(True)
+    cluster.owners["app"] = (owner, None)  # type: ignore[assignment]
+    cluster._reachability(True)
     assert not owner.reachable.is_set()  # the first look is no recovery
-    daemon._reachability(False, "session is read-only")
+    cluster._reachability(False, "session is read-only")
     assert not owner.reachable.is_set()
-    daemon._reachability(True)
+    cluster._reachability(True)
     assert owner.reachable.is_set()  # a failover's new primary found: reconnect now
