@@ -270,6 +270,21 @@ def test_alter_refusals_write_nothing(app: App, roles: Any) -> None:
     assert app.state("app.owned")["principal"] == app.principal
 
 
+def test_set_call_resolves_overloads_as_call_does(app: App) -> None:
+    """SET CALL goes through the same resolution as CREATE JOB: an ambiguous call is refused (42725), a
+    resolvable one binds the overload CALL would pick; the refused change writes nothing."""
+    app.conn.execute(b"CREATE PROCEDURE app.ov(a bigint) LANGUAGE plpgsql AS $$ BEGIN END $$; "
+                     b"CREATE PROCEDURE app.ov(a numeric) LANGUAGE plpgsql AS $$ BEGIN END $$; "
+                     b"CREATE PROCEDURE app.ov(a text, b int) LANGUAGE plpgsql AS $$ BEGIN END $$")
+    name = app.job(f"CREATE JOB app.over {HOURLY} RUN AS {{p}} CALL app.record('x')")
+    with pytest.raises(AdmissionError) as refused:
+        catalog.execute_job_ddl(app.conn, "ALTER JOB app.over SET CALL app.ov(1)")
+    assert refused.value.code == "42725"
+    assert app.state(name)["procedure"] == "app.record(text)"
+    catalog.execute_job_ddl(app.conn, "ALTER JOB app.over SET CALL app.ov('x', 2)")
+    assert app.state(name)["procedure"] == "app.ov(text,integer)"
+
+
 def test_rename_keeps_the_job_and_its_history(app: App) -> None:
     name = app.job(f"CREATE JOB app.old {HOURLY} RUN AS {{p}} CALL app.record('x')")
     job_id = _job_id(app, name)
