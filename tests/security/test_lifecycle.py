@@ -122,3 +122,39 @@ def test_the_scheduler_state_stays_the_schedulers(app: App, roles: Any, login: A
                       "SELECT radix._promote_request(gen_random_uuid())"):
         with pytest.raises(errors.InsufficientPrivilege):
             conn.execute(statement.encode())
+
+
+# -- pg_cron import -------------------------------------------------------------------------------------
+
+FAKE_CRON = (b"CREATE SCHEMA cron; CREATE TABLE cron.job (jobid bigserial PRIMARY KEY, schedule text, command text, "
+             b"nodename text DEFAULT 'localhost', nodeport int DEFAULT current_setting('port')::int, "
+             b"database text DEFAULT current_database(), username text, active boolean DEFAULT true, jobname text)")
+
+
+def test_a_planted_cron_table_is_not_imported(app: App, roles: Any, login: Any) -> None:
+    """A role that may create schemas plants cron.job with a row RUN AS the superuser; the operator's import
+    (as a superuser, who may act as anyone) refuses the table instead of scheduling the row."""
+    from radixjobs.errors import RadixError
+    from radixjobs.imports import import_pg_cron
+
+    hostile = roles("hostile")
+    dbname = app.conn.execute("SELECT current_database()").fetchone()
+    assert dbname is not None
+    _grant(app, "GRANT CREATE ON DATABASE {} TO {}", dbname[0], hostile)
+    planter = login(hostile)
+    planter.execute(FAKE_CRON)
+    planter.execute("INSERT INTO cron.job (schedule, command, username) VALUES ('* * * * *', %s, current_user)",
+                    (f"ALTER ROLE {hostile} SUPERUSER",))
+    superuser = app.conn.execute("SELECT current_user").fetchone()
+    assert superuser is not None
+    planter.execute("UPDATE cron.job SET username = %s", (superuser[0],))
+    with pytest.raises(RadixError, match=r"owned by role .*neither a superuser nor you"):
+        import_pg_cron(app.conn, schema="cron_import")
+    # a table the operator owns but that others may write is refused too
+    app.conn.execute(b"DROP SCHEMA cron CASCADE")
+    app.conn.execute(FAKE_CRON)
+    _grant(app, "GRANT USAGE ON SCHEMA cron TO {0}; GRANT INSERT ON cron.job TO {0}", hostile)
+    with pytest.raises(RadixError, match="can be written directly by"):
+        import_pg_cron(app.conn, schema="cron_import")
+    assert app.conn.execute("SELECT count(*) FROM radix.job_overview").fetchone() == (0,)
+    assert app.conn.execute("SELECT rolsuper FROM pg_roles WHERE rolname = %s", (hostile,)).fetchone() == (False,)

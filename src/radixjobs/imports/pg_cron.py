@@ -78,9 +78,41 @@ def read_cron_jobs(conn: Conn) -> Source:
             raise RadixError(f"no pg_cron here: database {database} has no table cron.job (pg_cron keeps its "
                              "jobs in the database named by its cron.database_name setting; connect to that "
                              "one, or pass --cron-dsn)")
+        _check_trusted(conn)
         records = conn.execute("SELECT pg_catalog.to_jsonb(j) FROM cron.job j ORDER BY j.jobid").fetchall()
     rows = tuple(CronJobRow.from_record(rec) for (rec,) in records)
     return Source(rows, int(port), _zone(zone))
+
+
+# Who may have written cron.job's rows directly: its owner and the roles holding INSERT or UPDATE on it.
+WRITERS = """
+SELECT r.rolname, r.rolsuper OR r.rolname OPERATOR(pg_catalog.=) CURRENT_USER,
+       ARRAY(SELECT CASE WHEN a.grantee OPERATOR(pg_catalog.=) 0 THEN 'PUBLIC'
+                         ELSE pg_catalog.pg_get_userbyid(a.grantee) END
+             FROM pg_catalog.aclexplode(c.relacl) a
+             LEFT JOIN pg_catalog.pg_roles g ON g.oid OPERATOR(pg_catalog.=) a.grantee
+             WHERE a.privilege_type OPERATOR(pg_catalog.=) ANY (ARRAY['INSERT', 'UPDATE']::pg_catalog.text[])
+               AND a.grantee OPERATOR(pg_catalog.<>) c.relowner AND NOT coalesce(g.rolsuper, false))
+FROM pg_catalog.pg_class c, pg_catalog.pg_roles r
+WHERE c.oid OPERATOR(pg_catalog.=) 'cron.job'::pg_catalog.regclass
+  AND r.rolname OPERATOR(pg_catalog.=) pg_catalog.pg_get_userbyid(c.relowner)
+"""
+
+
+def _check_trusted(conn: Conn) -> None:
+    """Refuse a cron.job that another role could have written: each row's username becomes a job's RUN AS,
+    which pg_cron itself guarantees only for its own table (owned by a superuser, written through its
+    functions). The table's owner must be a superuser or this role, and no other role may write it."""
+    row = conn.execute(WRITERS).fetchone()
+    assert row is not None
+    owner, trusted_owner, writers = row
+    if not trusted_owner:
+        raise RadixError(f"cron.job is owned by role {owner}, neither a superuser nor you: its rows (and the roles "
+                         "they run as) could have been written by that role; refusing to import them")
+    if writers:
+        raise RadixError(f"cron.job can be written directly by {', '.join(writers)}: its rows (and the roles they "
+                         "run as) could have been forged; refusing to import them (REVOKE INSERT, UPDATE ON "
+                         "cron.job FROM …)")
 
 
 def _zone(setting: str | None) -> str:
