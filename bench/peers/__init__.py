@@ -7,9 +7,11 @@ the scenario over stdin/stdout, one word a line:
 2. on ``go`` it starts its scheduler (the scenario resets its CPU meter just before sending it);
 3. on ``stop`` (or end of input) it stops its scheduler, closes its connections and prints ``stopped``.
 
-The job bodies write to the database only: ``burst`` runs ``UPDATE_TOUCHED`` (the radixjobs job calls a
-procedure with the same UPDATE), ``ticks`` runs ``INSERT_TICK`` with the time the body started (taken as
-its first statement) and the tick it was planned for. The scenario reads the results from those tables.
+The job bodies make one row write each: ``burst`` runs ``UPDATE_TOUCHED`` (the radixjobs job calls a
+procedure with the same UPDATE); in ``ticks`` each body takes its start time as its first statement, and
+the peer records (job, planned tick, start) in ``bench.peer_ticks`` (``INSERT_TICK``: procrastinate's
+body inserts it; APScheduler's body updates its row of ``bench.touched`` and the peer writes the pairs
+after ``stop``, see apscheduler_peer.py). The scenario reads the results from those tables.
 """
 
 from __future__ import annotations

@@ -9,14 +9,15 @@ bodies are plain functions using a ``psycopg_pool.ConnectionPool`` of C autocomm
 - burst: the scheduler is started paused, N ``date`` jobs due now are added (each an INSERT into the
   store; not measured), and ``go`` resumes it.
 - ticks: N ``interval`` jobs of 1 second whose first run is ``--anchor`` + the job's offset; the scheduler
-  runs from before ``ready``. A run's planned tick is the last grid point at or before its start (a run
-  later than one second is therefore counted against the latest tick, as APScheduler's coalescing does).
+  runs from before ``ready``. The body takes its start time first, updates its row of ``bench.touched``
+  and returns the start time; a listener of ``EVENT_JOB_EXECUTED`` pairs it with the event's
+  ``scheduled_run_time`` (APScheduler 3 does not hand a job its planned time), and the pairs are written
+  to ``bench.peer_ticks`` after ``stop``.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import sys
 import time
 from datetime import UTC, datetime
@@ -25,6 +26,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from apscheduler.events import EVENT_JOB_EXECUTED, JobExecutionEvent
 from apscheduler.executors.pool import ThreadPoolExecutor
 from apscheduler.jobstores.sqlalchemy import SQLAlchemyJobStore
 from apscheduler.schedulers.background import BackgroundScheduler
@@ -43,12 +45,20 @@ def touch(row_id: int) -> None:
         conn.execute(UPDATE_TOUCHED, (row_id,))
 
 
-def tick(job: int, first: float) -> None:
+def tick(job: int) -> float:
     started = time.time()
-    planned = first + math.floor(started - first)
     assert POOL is not None
     with POOL.connection() as conn:
-        conn.execute(INSERT_TICK, ("apscheduler", job, planned, started))
+        conn.execute(UPDATE_TOUCHED, (job,))
+    return started
+
+
+RUNS: list[tuple[int, float, float]] = []  # (job, planned, started) of every tick run
+
+
+def record(event: JobExecutionEvent) -> None:
+    if event.job_id.startswith("tick-"):
+        RUNS.append((int(event.job_id.removeprefix("tick-")), event.scheduled_run_time.timestamp(), event.retval))
 
 
 def sqlalchemy_url(dsn: str) -> URL:
@@ -84,12 +94,15 @@ def main() -> None:
         for job in range(args.jobs):
             first = args.anchor + tick_offset(job, args.jobs, args.phase)
             scheduler.add_job(tick, "interval", seconds=1, start_date=datetime.fromtimestamp(first, UTC),
-                              args=(job, first), id=f"tick-{job}")
+                              args=(job,), id=f"tick-{job}")
+        scheduler.add_listener(record, EVENT_JOB_EXECUTED)
         scheduler.resume()
         say("ready")
         hear("go")
     hear("stop")
     scheduler.shutdown(wait=True)
+    with POOL.connection() as conn, conn.transaction(), conn.cursor() as cursor:
+        cursor.executemany(INSERT_TICK, [("apscheduler", job, planned, started) for job, planned, started in RUNS])
     POOL.close()
     say("stopped")
 

@@ -9,8 +9,8 @@ repetition. Two workloads:
   (last − first ``clock_timestamp()`` written by the bodies); CPU per job of the scheduler's process and
   of the server's processes (postmaster and its children, from /proc) between ``go`` and the last row.
 - ticks: ``--tick-jobs`` (200) jobs every second for ``--seconds`` (60) after a 3 s warm-up. Lateness =
-  the body's first timestamp − its planned tick (radixjobs: ``bench.tick``, as the lateness scenario);
-  missed = ticks planned in the window that never ran.
+  the body's first timestamp − its planned tick (radixjobs: ``bench.tick``, as the lateness scenario;
+  the peers: bench/peers/); missed = ticks planned in the window that never ran.
 """
 
 from __future__ import annotations
@@ -210,6 +210,8 @@ def run_ticks(db: BenchDatabase, peer: str, args: argparse.Namespace, rep: int) 
     else:
         with db.connect() as conn:
             conn.execute(b"DELETE FROM bench.peer_ticks WHERE peer = %s", (peer,))
+            conn.execute(b"INSERT INTO bench.touched (id) SELECT g FROM generate_series(0, %s) g "
+                         b"ON CONFLICT DO NOTHING", (jobs - 1,))
         anchor = math.ceil(time.time()) + 1
         runner = PeerProcess(peer, db.dsn, "ticks", jobs, args.concurrency, "--anchor", str(anchor),
                              "--phase", phase)
