@@ -115,7 +115,8 @@ workload_list = _choices(("burst", "ticks"))
 
 
 def measure_baseline(db: BenchDatabase, seconds: float) -> dict[str, float]:
-    """One connection's commit rate, and the CPU of one commit (client process + server)."""
+    """One connection's commit rate (single-row UPDATEs, autocommit, as the baseline scenario), and the CPU
+    of one commit (client process + server)."""
     meter = CpuMeter(db)
     client = time.process_time()
     commits = baseline.commit_loop(db.dsn, -1, time.time(), seconds, meter)
@@ -287,12 +288,17 @@ def run(db: BenchDatabase, args: argparse.Namespace) -> dict[str, Any]:
         conn.execute(f'GRANT SELECT, UPDATE ON bench.touched TO "{db.principal}"'.encode())
     reps = []
     for rep in range(args.repeat):
-        one: dict[str, Any] = {"baseline": measure_baseline(db, args.baseline_seconds),
-                               "peers": {peer: {} for peer in args.peers}}
+        before = measure_baseline(db, args.baseline_seconds)
+        one: dict[str, Any] = {"peers": {peer: {} for peer in args.peers}}
         for workload, runner in (("burst", run_burst), ("ticks", run_ticks)):
             if workload in args.workloads:
                 for peer in args.peers:
                     one["peers"][peer][workload] = runner(db, peer, args, rep)
+        after = measure_baseline(db, args.baseline_seconds)
+        # the commit rate follows the disk's latency, which other work on the machine moves: the mean of
+        # a measurement before the repetition's peers and one after them
+        one["baseline"] = {key: (before[key] + after[key]) / 2 for key in before}
+        one["baseline_before"], one["baseline_after"] = before, after
         reps.append(one)
     settings = {"jobs": args.jobs, "tick_jobs": args.tick_jobs, "seconds": args.seconds, "phase": args.phase,
                 "concurrency": args.concurrency, "repeat": args.repeat, "peers": args.peers,

@@ -36,7 +36,8 @@ def render(result: dict[str, Any]) -> str:
         f"{settings['seconds']:g} s ({settings['phase']}); concurrency {settings['concurrency']}; "
         f"{settings['repeat']} repetition(s): median [min–max]",
         f"baseline: one-connection commits/s {cell(summary['baseline_commits_per_s'], '{:,.0f}')}; "
-        f"CPU per commit (client + server) µs {cell(summary['baseline_cpu_us_per_commit'], '{:,.0f}')}",
+        f"CPU per commit (client + server) µs {cell(summary['baseline_cpu_us_per_commit'], '{:,.0f}')} "
+        "(each repetition: the mean of a measurement before its peers and one after)",
     ]
     table = [["", *peers]]
     for label, key, fmt, extra in ROWS:
