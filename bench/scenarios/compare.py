@@ -146,9 +146,10 @@ def run_burst(db: BenchDatabase, peer: str, args: argparse.Namespace, rep: int) 
         pid = runner.proc.pid
     else:
         runner = PeerProcess(peer, db.dsn, "burst", args.jobs, args.concurrency)
-        runner.ready()
         pid = runner.pid
     try:
+        if isinstance(runner, PeerProcess):
+            runner.ready()
         meter = CpuMeter(db, pid)
         if isinstance(runner, Daemon):
             with db.connect() as conn:
@@ -216,10 +217,11 @@ def run_ticks(db: BenchDatabase, peer: str, args: argparse.Namespace, rep: int) 
         anchor = math.ceil(time.time()) + 1
         runner = PeerProcess(peer, db.dsn, "ticks", jobs, args.concurrency, "--anchor", str(anchor),
                              "--phase", phase)
-        runner.ready()
-        runner.go()
         pid = runner.pid
     try:
+        if isinstance(runner, PeerProcess):
+            runner.ready()
+            runner.go()
         time.sleep(WARM_UP_S)
         w0 = time.time()
         meter = CpuMeter(db, pid)
