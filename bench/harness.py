@@ -261,11 +261,16 @@ def environment() -> dict[str, Any]:
             "cpus": os.cpu_count(), "load_avg_1m": round(os.getloadavg()[0], 2)}
 
 
-def emit(scenario: str, result: dict[str, Any], as_json: bool) -> None:
-    """One JSON object, or a two-column table of the flattened result."""
+def emit(scenario: str, result: dict[str, Any], as_json: bool,
+         render: Callable[[dict[str, Any]], str] | None = None) -> None:
+    """One JSON object, or the scenario's own table (``render``), or a two-column table of the flattened
+    result."""
     document = {"scenario": scenario, **result, "environment": environment()}
     if as_json:
         print(json.dumps(document, default=str))
+        return
+    if render is not None:
+        print(render(document))
         return
     rows = list(_flatten(document))
     width = max(len(key) for key, _ in rows)

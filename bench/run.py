@@ -1,7 +1,7 @@
 """Benchmarks of radixjobs: ``python bench/run.py SCENARIO [--json] [options]``.
 
-Scenarios: baseline, throughput, lateness, scale, failover, clusters (see docs/benchmarks.md). Each creates its own
-embedded server in a temporary directory (or uses ``--dsn``, a superuser DSN) and its own database.
+Scenarios: baseline, throughput, lateness, scale, failover, clusters, compare (see docs/benchmarks.md). Each
+creates its own embedded server in a temporary directory (or uses ``--dsn``, a superuser DSN) and its own database.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from harness import bench_database, emit, parse_settings
 
-SCENARIOS = ("baseline", "throughput", "lateness", "scale", "failover", "clusters")
+SCENARIOS = ("baseline", "throughput", "lateness", "scale", "failover", "clusters", "compare")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -37,7 +37,7 @@ def main() -> None:
     module = importlib.import_module(f"scenarios.{args.scenario}")
     with bench_database(args.scenario, args.dsn, parse_settings(args.setting)) as db:
         result = module.run(db, args)
-    emit(args.scenario, result, args.json)
+    emit(args.scenario, result, args.json, getattr(module, "render", None))
 
 
 if __name__ == "__main__":
