@@ -38,8 +38,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--mean-gap", type=float, default=4.0, help="mean seconds between two faults")
     p.add_argument("--quiet", type=float, default=None,
                    help="seconds without faults at the end (default: 15%% of the run, 8 to 30 s)")
-    p.add_argument("--weights", default="kill=4,restart_postgres=1,terminate_backends=4",
-                   help="relative frequency of each fault")
+    p.add_argument("--weights", default=",".join(f"{k}={v:g}" for k, v in DEFAULT_WEIGHTS.items()),
+                   help="relative frequency of each fault (run_job: RUN JOB on 1-3 recurring jobs)")
     p.add_argument("--max-stall", type=float, default=30.0, help="longest acceptable stall after a kill (s)")
     p.add_argument("--keep", action="store_true", help="keep the temporary server and logs for inspection")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
@@ -94,6 +94,7 @@ def verdict(world: World, faults: Faults, exit_codes: dict[str, int | None], end
         check.check_effects(conn, report)
         check.check_ticks(conn, report, world.every_ns)
         check.check_markers(conn, report)
+        check.check_requested_runs(conn, report, faults.requested_runs)
         check.check_at_jobs(conn, report, world.at_incarnations)
         check.check_stalls(conn, report, faults.kills, end, args.max_stall)
         check.check_gaps(conn, report, args.max_stall)

@@ -41,7 +41,8 @@ VIOLATIONS = ("duplicate_atomic_effects", "duplicate_once_effects", "failed_atte
               "effects_without_a_frame", "ran_before_planned", "overlapping_job_attempts", "overlapping_document_runs",
               "history_over_256", "unaccounted_ticks", "leases_left_after_stop", "atomic_effects_without_success",
               "successes_without_effect", "non_atomic_successes_without_once_effect", "one_time_job_mismatch",
-              "stall_after_kill_over_limit", "job_gap_over_limit", "unclean_stops", "unexpected_daemon_exits")
+              "stall_after_kill_over_limit", "job_gap_over_limit", "unclean_stops", "unexpected_daemon_exits",
+              "requested_runs_not_run", "requested_runs_run_twice")
 
 
 @dataclass
@@ -98,7 +99,8 @@ def _ticks(conn: psycopg.Connection[Any]) -> dict[Any, dict[int, set[str]]]:
     """job id -> planned tick -> terminal outcomes seen in the ledger."""
     out: dict[Any, dict[int, set[str]]] = defaultdict(lambda: defaultdict(set))
     for job, planned, status in conn.execute(
-            "SELECT job_id, planned_ns, status FROM chaos.ledger WHERE status IN ('succeeded', 'failed')"):
+            "SELECT job_id, planned_ns, status FROM chaos.ledger WHERE status IN ('succeeded', 'failed') "
+            "AND run_kind = 'schedule'"):
         out[job][planned].add(status)
     return out
 
@@ -134,6 +136,18 @@ def check_ticks(conn: psycopg.Connection[Any], report: Report, steps: dict[str, 
         for key, value in (("due", due), ("run", run), ("failed", failed), ("coalesced", coalesced)):
             totals[key] += value
     report.figures.update({f"ticks_{k}": v for k, v in totals.items()})
+
+
+def check_requested_runs(conn: psycopg.Connection[Any], report: Report, keys: list[str]) -> None:
+    """Every RUN JOB request ended (succeeded or failed) exactly once, through kills and restarts."""
+    ended = dict(conn.execute(
+        "SELECT key, count(*) FROM chaos.ledger WHERE run_kind = 'run' AND status IN ('succeeded', 'failed') "
+        "GROUP BY key").fetchall())
+    missing = [k for k in keys if k not in ended]
+    twice = [k for k in keys if ended.get(k, 0) > 1]
+    report.violation("requested_runs_not_run", len(missing), missing[:10])
+    report.violation("requested_runs_run_twice", len(twice), twice[:10])
+    report.figures["requested_runs"] = len(keys)
 
 
 def check_markers(conn: psycopg.Connection[Any], report: Report) -> None:

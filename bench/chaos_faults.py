@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from chaos_setup import World, create_at_job
 
-DEFAULT_WEIGHTS = {"kill": 4.0, "restart_postgres": 1.0, "terminate_backends": 4.0}
+DEFAULT_WEIGHTS = {"kill": 4.0, "restart_postgres": 1.0, "terminate_backends": 4.0, "run_job": 3.0}
 
 
 def now_utc() -> dt.datetime:
@@ -97,6 +97,7 @@ class Faults:
     unexpected_exits: list[str] = field(default_factory=list)
     start_failures_postgres_down: int = 0
     driver_errors: list[str] = field(default_factory=list)
+    requested_runs: list[str] = field(default_factory=list)  # idempotency keys of RUN JOB requests
 
 
 class Driver:
@@ -140,9 +141,11 @@ class Driver:
                 self._kill()
             elif choice == "restart_postgres":
                 self._restart_postgres()
+            elif choice == "run_job":
+                self._run_job()
             else:
                 self._terminate_backends()
-        except (psycopg.Error, OSError, RuntimeError) as exc:
+        except (psycopg.Error, OSError, RuntimeError, RadixError) as exc:
             self.faults.driver_errors.append(f"{choice}: {type(exc).__name__}: {str(exc).strip()[:200]}")
 
     def _kill(self) -> None:
@@ -183,6 +186,14 @@ class Driver:
                     self.faults.unexpected_exits.append(
                         f"{node.name} (incarnation {node.incarnation}) exited {code}: {last[:300]}")
                 node.start()
+
+    def _run_job(self) -> None:
+        """RUN JOB on one to three recurring jobs (the request waits for a running attempt, survives kills and
+        restarts, and must run exactly once: chaos_check.check_requested_runs)."""
+        names = sorted(self.world.every_ns)
+        with self.world.connect() as conn:
+            for name in self.rng.sample(names, min(len(names), self.rng.randint(1, 3))):
+                self.faults.requested_runs.append(catalog.run_job(conn, name))
 
     def _restart_postgres(self) -> None:
         self.world.server.restart()

@@ -39,13 +39,14 @@ CREATE TABLE chaos.doc_effects (id bigserial PRIMARY KEY, num text NOT NULL, pid
                                 started timestamptz NOT NULL, finished timestamptz NOT NULL);
 CREATE TABLE chaos.ledger (history_id bigint, job_id uuid, planned_ns bigint, attempt int, status text,
                            node text, started_at timestamptz, finished_at timestamptz, error jsonb,
-                           logged_at timestamptz DEFAULT clock_timestamp());
+                           run_kind text, key text, logged_at timestamptz DEFAULT clock_timestamp());
 CREATE INDEX ON chaos.ledger (job_id, status);
 CREATE FUNCTION chaos.log_history() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-  INSERT INTO chaos.ledger (history_id, job_id, planned_ns, attempt, status, node, started_at, finished_at, error)
+  INSERT INTO chaos.ledger (history_id, job_id, planned_ns, attempt, status, node, started_at, finished_at, error,
+                            run_kind, key)
   VALUES (NEW.history_id, NEW.job_id, NEW.planned_ns, NEW.attempt, NEW.status, NEW.node, NEW.started_at,
-          NEW.finished_at, NEW.error);
+          NEW.finished_at, NEW.error, NEW.run_kind, NEW.idempotency_key);
   RETURN NULL;
 END $$;
 CREATE TRIGGER chaos_ledger AFTER INSERT OR UPDATE OF status ON radix.radix_system_job_history
