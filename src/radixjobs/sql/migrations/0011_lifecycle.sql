@@ -316,7 +316,7 @@ BEGIN
             last_error = CASE WHEN succeeded THEN s.stash->'last_error' ELSE coalesce(error, s.last_error) END,
             request_kind = NULL, stash = NULL,
             lease_node = NULL, lease_token = NULL, lease_expires_at = NULL, updated_at = clock_timestamp()
-        WHERE job_id = job;
+        WHERE job_id = job AND lease_token = token AND status = 'running';
     ELSE
         UPDATE radix.radix_system_job_state SET
             status = CASE WHEN kind = 'at' OR next_planned_ns IS NULL
@@ -329,7 +329,10 @@ BEGIN
             lease_node = NULL, lease_token = NULL, lease_expires_at = NULL,
             last_error = coalesce(error, CASE WHEN succeeded THEN NULL ELSE last_error END),
             updated_at = clock_timestamp()
-        WHERE job_id = job;
+        WHERE job_id = job AND lease_token = token AND status = 'running';
+    END IF;
+    IF NOT FOUND THEN  -- re-armed or taken over since the read above (the token is the fence)
+        RETURN false;
     END IF;
     PERFORM radix._promote_request(job);
     RETURN true;
