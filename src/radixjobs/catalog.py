@@ -1,8 +1,10 @@
 """Job DDL and the job catalog from Python: every path calls the database's admission functions.
 
 The parser turns text into a statement; this module sends it, as structured JSON with bound parameters,
-to ``radix.create_job`` / ``radix.alter_job`` / ``radix.drop_job`` — the same functions a SQL user calls —
-so the checks are the database's, in one transaction per statement.
+to ``radix.create_job`` / ``radix.alter_job`` / ``radix.drop_job`` / ``radix.run_job`` /
+``radix.backfill_job`` — the same functions a SQL user calls — so the checks are the database's, in one
+transaction per statement. Cron ticks of a backfill are the one thing computed here (the database cannot
+evaluate cron); the database checks that they lie in the range.
 """
 
 from __future__ import annotations
@@ -99,7 +101,7 @@ def alter_job(conn: Conn, name: QualifiedName | str, *, enabled: bool | None = N
 
 def run_job(conn: Conn, name: QualifiedName | str) -> str:
     """RUN JOB: queue one attempt now (it waits for a running one); returns its idempotency key."""
-    return str(_admission(conn, "SELECT radix.run_job(%s)", (str(name),)))
+    return str(_admission(conn, "SELECT radix.run_job(%s::pg_catalog.text)", (str(name),)))
 
 
 def backfill_job(conn: Conn, name: QualifiedName | str, start: dt.datetime | int, end: dt.datetime | int) -> int:
@@ -120,7 +122,8 @@ def backfill_job(conn: Conn, name: QualifiedName | str, start: dt.datetime | int
                 raise AdmissionError(f"RUN JOB would queue more than {MAX_REQUESTED_TICKS} ticks, above the limit "
                                      "per statement. Hint: split the range.", "54000")
     return int(_admission(
-        conn, "SELECT radix.backfill_job(%s, radix.from_ns(%s), radix.from_ns(%s), %s::pg_catalog.int8[])",
+        conn, "SELECT radix.backfill_job(%s::pg_catalog.text, radix.from_ns(%s::pg_catalog.int8), "
+        "radix.from_ns(%s::pg_catalog.int8), %s::pg_catalog.int8[])",
         (str(name), start_ns, end_ns, ticks)))
 
 
