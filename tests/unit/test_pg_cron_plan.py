@@ -153,7 +153,7 @@ def test_plan_skips_other_databases_and_nodes() -> None:
     assert isinstance(other_db, Outcome)
     assert (other_db.action, other_db.job) == ("skipped", "cron_import.j")
     assert "--database billing" in other_db.reason
-    for node in ({"nodename": "10.1.2.3"}, {"nodeport": 5433}):
+    for node in ({"nodename": "db2.internal"}, {"nodeport": 5433}):
         remote = _plan(**node)
         assert isinstance(remote, Outcome)
         assert remote.action == "skipped"

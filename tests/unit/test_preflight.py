@@ -8,12 +8,12 @@ from radixjobs import retry
 from radixjobs.preflight import Context, fix_for
 
 
-def context(major: int = 15, client_addr: str | None = "10.0.0.5") -> Context:
+def context(major: int = 15, client_addr: str | None = "127.0.0.2") -> Context:
     return Context(client_addr, "app", major, "radix_scheduler", True, True, "db.example", "5432",
                    "/home/radixjobs/.pgpass", "radixjobs")
 
 
-def fix(message: str, major: int = 15, client_addr: str | None = "10.0.0.5") -> str:
+def fix(message: str, major: int = 15, client_addr: str | None = "127.0.0.2") -> str:
     kind = retry.classify(None, message, connection_lost=True).kind
     return fix_for(kind, message, "worker", context(major, client_addr))
 
@@ -25,11 +25,11 @@ def test_a_missing_password_file_line_is_named_exactly() -> None:
 
 
 @pytest.mark.parametrize(("client_addr", "line"), [
-    ("10.0.0.5", "host app worker 10.0.0.5/32 scram-sha-256"),
+    ("127.0.0.2", "host app worker 127.0.0.2/32 scram-sha-256"),
     (None, "local app worker scram-sha-256"),
 ])
 def test_a_missing_pg_hba_line_is_named_for_where_the_login_comes_from(client_addr: str | None, line: str) -> None:
-    text = fix('FATAL:  no pg_hba.conf entry for host "10.0.0.5", user "worker", database "app"',
+    text = fix('FATAL:  no pg_hba.conf entry for host "127.0.0.2", user "worker", database "app"',
                client_addr=client_addr)
     assert f"`{line}`" in text
 
