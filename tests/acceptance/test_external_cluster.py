@@ -187,7 +187,12 @@ def test_serve_logs_the_check_once_and_runs_the_jobs_that_can_log_in(ext: Extern
     finally:
         server.stop()
     assert {e[1:] for e in effects(ext)} == {(good, good)}
-    assert all((h["attempt"], h["status"]) == (1, "failed") for h in history(ext, bad_job))
+    # never retried: every attempt is a first one, and each failed, except one the stop may have cut off
+    # (handed back by the shutdown, or still marked running)
+    attempts = history(ext, bad_job)
+    assert all(h["attempt"] == 1 for h in attempts), attempts
+    assert all(h["status"] == "failed" for h in attempts[:-1]), attempts
+    assert attempts[-1]["status"] in ("failed", "released", "running"), attempts
     refused = [line for line in lines if line.get("principal") is not None and "cannot log in" in line["message"]]
     assert [(line["principal"], line["kind"]) for line in refused] == [(bad, "no_password")]
     assert f":{bad}:<password>" in refused[0]["message"]
