@@ -29,6 +29,7 @@ from radixjobs.embedded import SUPERUSER, EmbeddedServer
 from tests.acceptance.serving import Serve
 from tests.apps import App
 from tests.console.support import TOKEN, request, serve_console
+from tests.support import wait_for
 
 PAGES = ["/", "/jobs", "/live", "/jobs?db=x&q=app", "/confirm?action=disable&db=x&target=app.tick",
          "/db/{db}/job/{job_id}", "/db/{db}/document/1", "/db/{db}/job/not-a-uuid"]
@@ -166,10 +167,13 @@ def password_cluster(tmp_path: Path) -> Iterator[tuple[EmbeddedServer, str]]:
         server.destroy()
 
 
-def _login(url: str, role: str, password: str) -> tuple[int, str]:
-    status, headers, _ = request(url + "/login", "POST", {"Content-Type": "application/x-www-form-urlencoded"},
-                                 urlencode({"role": role, "password": password}).encode())
-    return status, headers.get("set-cookie", "").split(";")[0]
+def _login(url: str, role: str, password: str, expect: int = 303) -> str:
+    """Log in and return the session cookie; the page's error is in the message when the status is not ``expect``."""
+    status, headers, body = request(url + "/login", "POST", {"Content-Type": "application/x-www-form-urlencoded"},
+                                    urlencode({"role": role, "password": password}).encode())
+    error = re.search(r'id="login-error">([^<]*)<', body)
+    assert status == expect, f"login as {role}: {status} {error[1] if error else body[:300]}"
+    return headers.get("set-cookie", "").split(";")[0]
 
 
 def test_postgres_login_shows_and_acts_as_that_role_only(password_cluster: tuple[EmbeddedServer, str],
@@ -196,10 +200,10 @@ def test_postgres_login_shows_and_acts_as_that_role_only(password_cluster: tuple
     daemon = Serve(tmp_path, "--http-auth", "postgres",
                    env={"RADIXJOBS_DSN": make_conninfo(db_dsn, password="operator-pw")}, name="pgauth")
     try:
-        assert _login(daemon.url, "alice", "wrong")[0] == 401
-        assert _login(daemon.url, "nobody", "x")[0] == 401
-        status, alice = _login(daemon.url, "alice", "alice-pw")
-        assert status == 303
+        wait_for(lambda: daemon.status()["databases"], message="the daemon to serve its database")
+        _login(daemon.url, "alice", "wrong", expect=401)
+        _login(daemon.url, "nobody", "x", expect=401)
+        alice = _login(daemon.url, "alice", "alice-pw")
         _, _, body = request(daemon.url + "/jobs", headers={"Cookie": alice})
         assert "alice.job_of_alice" in body
         assert "bob.job_of_bob" not in body
@@ -213,7 +217,7 @@ def test_postgres_login_shows_and_acts_as_that_role_only(password_cluster: tuple
         assert status == 303
         _, _, body = request(daemon.url + "/jobs", headers={"Cookie": alice})
         assert "refused:" in body
-        status, bob = _login(daemon.url, "bob", "bob-pw")
+        bob = _login(daemon.url, "bob", "bob-pw")
         _, _, body = request(daemon.url + "/jobs", headers={"Cookie": bob})
         assert "bob.job_of_bob" in body
         assert "alice.job_of_alice" not in body

@@ -157,8 +157,11 @@ class Console:
             return self.render(request, None, "login.html", status_code=401, error="that token is not valid")
         role, password = str(form.get("role", "")), str(form.get("password", ""))
         databases = self.databases()
-        if not role or not password or not databases:
+        if not role or not password:
             return self.render(request, None, "login.html", status_code=401, error="role and password are required")
+        if not databases:
+            return self.render(request, None, "login.html", status_code=503,
+                               error="the scheduler is not connected to any database yet: try again in a moment")
         owner = self.daemon.owners[databases[0]][0]
         async with self.gate:
             problem = await asyncio.to_thread(check_password_login, owner.dsn, role, password)
