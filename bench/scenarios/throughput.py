@@ -30,6 +30,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="radixjobs serve in a subprocess (default), or an Engine in this process")
     parser.add_argument("--concurrency", type=int, default=8, help="attempts at once (the daemon's default 8)")
     parser.add_argument("--daemons", type=int, default=1, help="radixjobs serve processes (default 1)")
+    parser.add_argument("--event-loop", choices=("auto", "asyncio", "uvloop"), default="auto",
+                        help="serve --event-loop (default auto: uvloop when installed)")
 
 
 async def run_engine(dsn: str, concurrency: int, meter: CpuMeter | None = None) -> int:
@@ -51,7 +53,8 @@ def run_jobs(db: BenchDatabase, args: argparse.Namespace) -> dict[str, float]:
     with db.connect() as conn:  # held back until every daemon is up, then all due at once
         conn.execute(b"UPDATE radix.radix_system_job_state SET due_ns = NULL")
     daemons = [Daemon(db.dsn, f"bench-serve-{i}", "--per-database-concurrency", str(args.concurrency),
-                      "--concurrency", str(max(32, args.concurrency))) for i in range(args.daemons)]
+                      "--concurrency", str(max(32, args.concurrency)), "--event-loop", args.event_loop)
+               for i in range(args.daemons)]
     try:
         meters = [CpuMeter(db, daemon.proc.pid) for daemon in daemons]
         with db.connect() as conn:

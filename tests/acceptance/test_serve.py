@@ -6,11 +6,11 @@ import signal
 import time
 import uuid
 from pathlib import Path
-from typing import Any
 
 import psycopg
 import pytest
 from psycopg import sql
+from psycopg.conninfo import make_conninfo
 
 from radixjobs import migrate
 from radixjobs.embedded import EmbeddedServer
@@ -189,23 +189,30 @@ def test_status_metrics_healthz_stay_bounded(app: App, tmp_path: Path) -> None:
         daemon.stop()
 
 
-def test_new_ready_database_is_picked_up(pg: PgCluster, db: str, tmp_path: Path, roles: Any) -> None:
-    daemon = Serve(tmp_path, "--all-databases", "--discovery-interval", "0.5", env={"RADIXJOBS_DSN": db},
-                   name="node")
-    name = f"late_{uuid.uuid4().hex[:8]}"
+def test_new_ready_database_is_picked_up(tmp_path: Path) -> None:
+    """On a cluster of its own: a daemon serving every database would serve other tests' databases too."""
+    server = EmbeddedServer(tmp_path / "own", settings={"fsync": "off", "synchronous_commit": "off"})
+    info, _ = server.ensure_running(persistent=True)
     try:
-        with psycopg.connect(pg.dsn, autocommit=True) as admin:
-            admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-        with psycopg.connect(pg.dsn_for(name), autocommit=True) as conn:
+        with psycopg.connect(info.dsn(), autocommit=True) as conn:
             migrate.install(conn)
-        wait_for(lambda: name in {d["name"] for d in daemon.status()["databases"]}, timeout=30,
-                 message="the new database to be served")
-        daemon.signal(signal.SIGTERM)
-        assert daemon.wait() == 0
+        daemon = Serve(tmp_path, "--all-databases", "--discovery-interval", "0.5",
+                       env={"RADIXJOBS_DSN": info.dsn()}, name="node")
+        name = f"late_{uuid.uuid4().hex[:8]}"
+        try:
+            with psycopg.connect(info.dsn(), autocommit=True) as admin:
+                admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+            with psycopg.connect(make_conninfo(info.dsn(), dbname=name), autocommit=True) as conn:
+                migrate.install(conn)
+            wait_for(lambda: name in {d["name"] for d in daemon.status()["databases"]}, timeout=30,
+                     message="the new database to be served")
+            daemon.signal(signal.SIGTERM)
+            assert daemon.wait() == 0
+        finally:
+            daemon.stop()
     finally:
-        daemon.stop()
-        with psycopg.connect(pg.dsn, autocommit=True) as admin:
-            admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+        server.release()
+        server.destroy()
 
 
 def test_demo_on_the_embedded_server(tmp_path: Path) -> None:

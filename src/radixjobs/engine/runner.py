@@ -299,9 +299,11 @@ class Engine:
             return
         next_planned = job.next_planned_after(claim.planned_ns, claim.anchor_ns)
         started = time.monotonic()
-        fields = {"job": job.name, "tick": claim.planned_ns, "attempt": claim.attempt, "node": self.node_id}
-        log.info("attempt start job=%s tick=%s attempt=%s node=%s", job.name, claim.planned_ns,
-                 claim.attempt, self.node_id, extra={"fields": fields})
+        if log.isEnabledFor(logging.DEBUG):  # one line per attempt at info: its end (docs/daemon.md#logs)
+            log.debug("attempt start job=%s tick=%s attempt=%s node=%s", job.name, claim.planned_ns,
+                      claim.attempt, self.node_id, extra={"fields": {"job": job.name, "tick": claim.planned_ns,
+                                                                     "attempt": claim.attempt,
+                                                                     "node": self.node_id}})
         if self._pause:
             await self._pause("claimed")
         outcome = await self._execute(job, claim, next_planned)
@@ -310,10 +312,12 @@ class Engine:
         result = await self._finalise(job, claim, next_planned, outcome)
         if self.observer is not None:
             self.observer.attempt(job, claim, result, started, self._principals)
-        fields |= {"duration_ms": round((time.monotonic() - started) * 1000, 1), "outcome": result}
-        log.info("attempt finish job=%s tick=%s attempt=%s node=%s duration_ms=%s outcome=%s", job.name,
-                 claim.planned_ns, claim.attempt, self.node_id, fields["duration_ms"], result,
-                 extra={"fields": fields})
+        if log.isEnabledFor(logging.INFO):
+            duration_ms = round((time.monotonic() - started) * 1000, 1)
+            fields = {"job": job.name, "tick": claim.planned_ns, "attempt": claim.attempt, "node": self.node_id,
+                      "duration_ms": duration_ms, "outcome": result}
+            log.info("attempt finish job=%s tick=%s attempt=%s node=%s duration_ms=%s outcome=%s", job.name,
+                     claim.planned_ns, claim.attempt, self.node_id, duration_ms, result, extra={"fields": fields})
 
     async def _execute(self, job: JobDefinition, claim: Claim, next_planned: int | None) -> Outcome:
         if job.call is None:
