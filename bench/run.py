@@ -1,6 +1,6 @@
 """Benchmarks of radixjobs: ``python bench/run.py SCENARIO [--json] [options]``.
 
-Scenarios: baseline, throughput, lateness, scale, failover, clusters, compare (see docs/benchmarks.md). Each
+Scenarios: baseline, throughput, lateness, scale, failover, clusters, compare, profile (see docs/benchmarks.md). Each
 creates its own embedded server in a temporary directory (or uses ``--dsn``, a superuser DSN) and its own database.
 """
 
@@ -15,7 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from harness import bench_database, emit, parse_settings
 
-SCENARIOS = ("baseline", "throughput", "lateness", "scale", "failover", "clusters", "compare")
+SCENARIOS = ("baseline", "throughput", "lateness", "scale", "failover", "clusters", "compare", "profile")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -35,7 +35,8 @@ def parser() -> argparse.ArgumentParser:
 def main() -> None:
     args = parser().parse_args()
     module = importlib.import_module(f"scenarios.{args.scenario}")
-    with bench_database(args.scenario, args.dsn, parse_settings(args.setting)) as db:
+    settings = {**(getattr(module, "SETTINGS", {}) if args.dsn is None else {}), **parse_settings(args.setting)}
+    with bench_database(args.scenario, args.dsn, settings) as db:
         result = module.run(db, args)
     emit(args.scenario, result, args.json, getattr(module, "render", None))
 

@@ -30,8 +30,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="radixjobs serve in a subprocess (default), or an Engine in this process")
     parser.add_argument("--concurrency", type=int, default=8, help="attempts at once (the daemon's default 8)")
     parser.add_argument("--daemons", type=int, default=1, help="radixjobs serve processes (default 1)")
-    parser.add_argument("--event-loop", choices=("auto", "asyncio", "uvloop"), default="auto",
-                        help="serve --event-loop (default auto: uvloop when installed)")
+    parser.add_argument("--event-loop", choices=("asyncio", "uvloop"), default="asyncio",
+                        help="serve --event-loop (default asyncio)")
 
 
 async def run_engine(dsn: str, concurrency: int, meter: CpuMeter | None = None) -> int:

@@ -1,4 +1,4 @@
-"""serve --event-loop: asyncio's loop, or uvloop's when asked for (or, with auto, when installed)."""
+"""serve --event-loop: asyncio's own loop by default, uvloop's when asked for."""
 
 from __future__ import annotations
 
@@ -15,11 +15,6 @@ HAVE_UVLOOP = importlib.util.find_spec("uvloop") is not None
 
 def test_asyncio_is_asyncio_s_own_loop() -> None:
     assert _loop_factory("asyncio") is None
-
-
-def test_auto_takes_uvloop_only_when_installed() -> None:
-    factory = _loop_factory("auto")
-    assert (factory is not None) == HAVE_UVLOOP
 
 
 def test_uvloop_runs_a_coroutine_or_says_it_is_missing() -> None:

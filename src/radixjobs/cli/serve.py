@@ -62,8 +62,8 @@ if TYPE_CHECKING:
               help="Claim lease; renewed every N/3 s while the attempt runs, so it bounds how long a dead "
                    "node's claim blocks a job, not how long a job may run.")
 @click.option("--log-format", type=click.Choice(["text", "json"]), default="text", show_default=True)
-@click.option("--event-loop", type=click.Choice(["auto", "asyncio", "uvloop"]), default="auto", show_default=True,
-              help="asyncio's own loop, or uvloop (less CPU per attempt); auto: uvloop when it is installed.")
+@click.option("--event-loop", type=click.Choice(["asyncio", "uvloop"]), default="asyncio", show_default=True,
+              help="asyncio's own loop, or uvloop (the uvloop extra; measured no faster: docs/hot-path.md).")
 @click.option("--demo", is_flag=True, help="Install a demo job (demo.heartbeat, every 5 s) first.")
 @click.option("--service", "services", multiple=True, metavar="NAME=module:function",
               help="Register a CSP service for CRON_TABLE documents (besides the radixjobs.services entry "
@@ -115,16 +115,14 @@ def serve_command(opts: Options, http: str, http_max_connections: int | None, ht
 
 
 def _loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
-    """uvloop's loop factory for ``uvloop`` (and for ``auto`` when it is installed), else None (asyncio's)."""
+    """uvloop's loop factory for ``uvloop``, else None (asyncio's own loop)."""
     if choice == "asyncio":
         return None
     try:
         import uvloop
     except ImportError:
-        if choice == "uvloop":
-            raise click.BadParameter("uvloop is not installed (pip install 'radixjobs[uvloop]')",
-                                     param_hint="--event-loop") from None
-        return None
+        raise click.BadParameter("uvloop is not installed (pip install 'radixjobs[uvloop]')",
+                                 param_hint="--event-loop") from None
     return uvloop.new_event_loop
 
 
