@@ -228,3 +228,21 @@ def test_postgres_login_shows_and_acts_as_that_role_only(password_cluster: tuple
         assert request(daemon.url + "/jobs", headers={"Authorization": "Bearer anything"})[0] == 401
     finally:
         daemon.stop()
+
+
+async def test_postgres_login_before_any_database_is_served_says_so() -> None:
+    """Until the daemon serves a database, no password can be checked: 503 with the reason, not a 401 that
+    blames the role or the password (seen in CI: a login right after start)."""
+    import httpx
+
+    from radixjobs.server import Daemon, DaemonConfig
+    from radixjobs.server.console import ConsoleAuth
+    from radixjobs.server.http import make_app
+
+    daemon = Daemon(DaemonConfig(dsn="host=/nonexistent-socket-dir dbname=nowhere"))
+    transport = httpx.ASGITransport(app=make_app(daemon, ConsoleAuth("postgres")))
+    async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
+        response = await client.post("/login", data={"role": "alice", "password": "alice-pw"})
+    assert response.status_code == 503
+    assert "not connected to any database yet" in response.text
+    assert "set-cookie" not in response.headers
