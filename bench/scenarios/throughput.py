@@ -32,6 +32,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--daemons", type=int, default=1, help="radixjobs serve processes (default 1)")
     parser.add_argument("--event-loop", choices=("asyncio", "uvloop"), default="asyncio",
                         help="serve --event-loop (default asyncio)")
+    parser.add_argument("--max-per-principal", type=int, default=None,
+                        help="serve --max-per-principal (default: the daemon's, half of --concurrency)")
 
 
 async def run_engine(dsn: str, concurrency: int, meter: CpuMeter | None = None) -> int:
@@ -53,7 +55,8 @@ def run_jobs(db: BenchDatabase, args: argparse.Namespace) -> dict[str, float]:
     with db.connect() as conn:  # held back until every daemon is up, then all due at once
         conn.execute(b"UPDATE radix.radix_system_job_state SET due_ns = NULL")
     daemons = [Daemon(db.dsn, f"bench-serve-{i}", "--per-database-concurrency", str(args.concurrency),
-                      "--concurrency", str(max(32, args.concurrency)), "--event-loop", args.event_loop)
+                      "--concurrency", str(max(32, args.concurrency)), "--event-loop", args.event_loop,
+                      *(["--max-per-principal", str(args.max_per_principal)] if args.max_per_principal else []))
                for i in range(args.daemons)]
     try:
         meters = [CpuMeter(db, daemon.proc.pid) for daemon in daemons]
