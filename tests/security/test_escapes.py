@@ -68,6 +68,14 @@ LEDGER_WRITES = {
     "begin_attempt with a guessed token": "PERFORM radix.begin_attempt(radix.current_job_id(), gen_random_uuid());",
     "begin_attempt of another job": "PERFORM radix.begin_attempt(job_id, gen_random_uuid()) FROM radix.jobs;",
     "end_attempt of another job": "PERFORM radix.end_attempt('{victim}', gen_random_uuid(), 0, true);",
+    # the one-query attempt (0012; tests/security/test_attempt_mac.py reads and replays a real MAC)
+    "begin_atomic with a guessed MAC": "PERFORM radix.begin_atomic(radix.current_job_id(), md5(random()::text));",
+    "begin_atomic of another job with the session key": "PERFORM radix.begin_atomic('{victim}', "
+                                                         "radix.attempt_session());",
+    "end_atomic of another job": "PERFORM radix.end_atomic('{victim}', md5(random()::text), 0);",
+    "read the attempt secret": "PERFORM secret FROM radix.attempt_secret;",
+    "compute a MAC": "PERFORM radix._attempt_mac(gen_random_uuid());",
+    "compute a session key": "PERFORM radix._session_key();",
     "write idempotency keys": "INSERT INTO radix.idempotency_keys VALUES ('{victim}/1', '{victim}');",
     "delete idempotency keys": "DELETE FROM radix.idempotency_keys;",
     "write nodes": "INSERT INTO radix.nodes (node_id) VALUES ('evil');",

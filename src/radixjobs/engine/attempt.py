@@ -1,7 +1,12 @@
 """Run one claimed attempt on a connection logged in as the job's principal.
 
-Atomic (the default): ``BEGIN; begin_attempt(marks the tick done); CALL; end_attempt; COMMIT`` — the
-procedure's effects and the completion marker commit together or not at all (exactly once).
+Atomic (the default): ``begin_atomic; CALL; end_atomic(marks the tick done)``, one simple-protocol query
+and so one implicit transaction — the procedure's effects and the completion marker commit together or
+not at all (exactly once). Its text is readable by the procedure (current_query()) and by the principal's
+other sessions (pg_stat_activity), so it never carries the lease token: it carries the token's MAC for
+this backend (``attempt_mac``; 0012_hot_path.sql), which no other backend can use. On this backend a MAC
+is good while its token lives, so the engine does not reuse the connection for another attempt before
+the attempt's outcome is recorded (engine.runner).
 A procedure that commits inside fails that with 2D000; it is then run non-atomically (autocommit CALL,
 at-least-once) and the job is flagged ``non_atomic`` so later ticks go straight to that mode.
 The CALL is sent inside a DO block (definitions.build_call): OUT/INOUT results never reach the daemon.
@@ -15,6 +20,7 @@ connection) bounds all of it.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -28,13 +34,28 @@ from radixjobs.engine.definitions import JobDefinition
 
 NON_ATOMIC_SQLSTATE = "2D000"
 
-BEGIN_FRAME = ("SELECT pg_catalog.set_config('statement_timeout', %s::pg_catalog.text, {local}), "
-               "radix.begin_attempt(%s::pg_catalog.uuid, %s::pg_catalog.uuid)")
-END_FRAME = "SELECT radix.end_attempt(%s::pg_catalog.uuid, %s::pg_catalog.uuid, %s::pg_catalog.int8, {atomic})"
-BEGIN_ATOMIC = BEGIN_FRAME.format(local="true")
-END_ATOMIC = END_FRAME.format(atomic="true")
-BEGIN_NON_ATOMIC = BEGIN_FRAME.format(local="false")
-END_NON_ATOMIC = END_FRAME.format(atomic="false")
+BEGIN_NON_ATOMIC = ("SELECT pg_catalog.set_config('statement_timeout', %s::pg_catalog.text, false), "
+                    "radix.begin_attempt(%s::pg_catalog.uuid, %s::pg_catalog.uuid)")
+END_NON_ATOMIC = "SELECT radix.end_attempt(%s::pg_catalog.uuid, %s::pg_catalog.uuid, %s::pg_catalog.int8, false)"
+# Every value is a quoted literal of digits, hex or a UUID with an explicit cast: no backslash for
+# standard_conforming_strings to read, no minus sign for a principal's prefix operator "-".
+BEGIN_ATOMIC = ("SELECT pg_catalog.set_config('statement_timeout', '{ms}'::pg_catalog.text, true), "
+                "radix.begin_atomic('{job}'::pg_catalog.uuid, '{mac}'::pg_catalog.text); ")
+END_ATOMIC = "; SELECT radix.end_atomic('{job}'::pg_catalog.uuid, '{mac}'::pg_catalog.text, {next}::pg_catalog.int8)"
+
+
+def attempt_mac(session_key: bytes, token: uuid.UUID) -> str:
+    """The MAC of a lease token for the backend whose session key this is (radix.attempt_session())."""
+    return hashlib.sha256(session_key + token.bytes).hexdigest()
+
+
+def atomic_query(call: bytes, claim: Claim, deadline_ms: int, next_planned_ns: int | None,
+                 session_key: bytes) -> bytes:
+    """The atomic attempt as one simple query: begin, the CALL (a DO block), end."""
+    mac = attempt_mac(session_key, claim.lease_token)
+    following = "NULL" if next_planned_ns is None else f"'{int(next_planned_ns)}'"
+    return b"".join((BEGIN_ATOMIC.format(ms=int(deadline_ms), job=claim.job_id, mac=mac).encode(), call,
+                     END_ATOMIC.format(job=claim.job_id, mac=mac, next=following).encode()))
 
 
 @dataclass(frozen=True)
@@ -99,8 +120,9 @@ class AttemptRunner:
         self._cancel_event: asyncio.Event | None = None
 
     async def run(self, conn: psycopg.AsyncConnection[Any], job: JobDefinition, claim: Claim,
-                  next_planned_ns: int | None, cancel: asyncio.Event) -> Outcome:
-        """Run the attempt; never raises for failures of the procedure or the connection."""
+                  next_planned_ns: int | None, cancel: asyncio.Event, session_key: bytes) -> Outcome:
+        """Run the attempt on ``conn`` (whose radix.attempt_session() is ``session_key``); never raises
+        for failures of the procedure or the connection."""
         atomic = not job.non_atomic
         started = time.monotonic()
         watched = _Watched(conn, conn.info.backend_pid, claim.lease_token)
@@ -110,7 +132,7 @@ class AttemptRunner:
         self._watch_cancel(cancel, watched)
         try:
             if atomic:
-                outcome = await self._atomic(conn, job, claim, next_planned_ns)
+                outcome = await self._atomic(conn, job, claim, next_planned_ns, session_key)
                 if outcome.sqlstate == NON_ATOMIC_SQLSTATE:
                     # the procedure controls transactions itself: nothing of it was kept; run it the
                     # only way PostgreSQL allows, as a top-level CALL in autocommit (at-least-once)
@@ -168,16 +190,15 @@ class AttemptRunner:
         await self.terminate(watched.pid)
 
     async def _atomic(self, conn: psycopg.AsyncConnection[Any], job: JobDefinition, claim: Claim,
-                      next_planned_ns: int | None) -> Outcome:
-        """BEGIN … COMMIT sent as one pipeline: one round trip. The server skips what follows a failed
-        statement and the transaction rolls back, so the marker still commits only with the procedure.
-        A broken connection leaves the COMMIT's fate unknown (in doubt): the engine reads the ledger."""
+                      next_planned_ns: int | None, session_key: bytes) -> Outcome:
+        """One simple query, one implicit transaction: the server stops at a failed statement and rolls
+        the whole back, so the marker commits only with the procedure (and a DO block in it is atomic:
+        a COMMIT inside fails with 2D000). A broken connection leaves the commit's fate unknown (in
+        doubt): the engine reads the ledger."""
         assert job.call is not None
         try:
-            async with conn.pipeline(), conn.transaction():
-                await conn.execute(BEGIN_ATOMIC, (str(job.deadline_ms), claim.job_id, claim.lease_token))
-                await conn.execute(job.call)
-                await conn.execute(END_ATOMIC, (claim.job_id, claim.lease_token, next_planned_ns))
+            await conn.execute(atomic_query(job.call, claim, job.deadline_ms, next_planned_ns, session_key),
+                               prepare=False)
         except psycopg.Error as exc:
             return self._failure(exc, atomic=True, in_doubt=True)
         return Outcome(succeeded=True, atomic=True, finalised=True)

@@ -42,6 +42,9 @@ CLEAN_TIMEOUT_S = 5.0
 
 Conn = psycopg.AsyncConnection[Any]
 
+# The backend's key for attempt MACs (engine/attempt.py), qualified: the principal's search_path is live.
+SESSION_KEY = b"SELECT radix.attempt_session()"
+
 
 def principal_dsn(dsn: str, principal: str, *, connect_timeout_s: int = CONNECT_TIMEOUT_S) -> str:
     """The scheduler's DSN, logged in as ``principal``: no password carried over, ``PGPASSWORD`` hidden
@@ -112,6 +115,7 @@ class PrincipalPools:
         self.dsn = dsn
         self.max_idle = max_idle
         self._idle: dict[str, list[Conn]] = {}
+        self._session_keys: dict[Conn, bytes] = {}
 
     @contextlib.asynccontextmanager
     async def connection(self, principal: str) -> AsyncIterator[Conn]:
@@ -120,8 +124,7 @@ class PrincipalPools:
         Raises psycopg.OperationalError (PostgreSQL's reason in the message) when it cannot log in.
         """
         idle = self._idle.setdefault(principal, [])
-        conn = idle.pop() if idle else await psycopg.AsyncConnection.connect(
-            principal_dsn(self.dsn, principal), autocommit=True, prepare_threshold=None)
+        conn = idle.pop() if idle else await self._connect(principal)
         try:
             yield conn
         finally:
@@ -129,6 +132,29 @@ class PrincipalPools:
                 idle.append(conn)
             else:
                 await conn.close()
+                self._session_keys.pop(conn, None)
+
+    async def _connect(self, principal: str) -> Conn:
+        """Log in, and learn the backend's session key (for attempt MACs) in the same round trip as
+        nothing else: the first statement of the session, before any attempt ran on it."""
+        conn = await psycopg.AsyncConnection.connect(principal_dsn(self.dsn, principal), autocommit=True,
+                                                     prepare_threshold=None)
+        try:
+            async with asyncio.timeout(CLEAN_TIMEOUT_S):
+                cur = await conn.execute(SESSION_KEY, prepare=False)
+                row = await cur.fetchone()
+        except (psycopg.Error, TimeoutError) as exc:
+            await conn.close()
+            raise psycopg.OperationalError(f"cannot start a session as {principal}: {exc}") from exc
+        if row is None or not isinstance(row[0], str):
+            await conn.close()
+            raise psycopg.OperationalError(f"cannot start a session as {principal}: no session key")
+        self._session_keys[conn] = bytes.fromhex(row[0])
+        return conn
+
+    def session_key(self, conn: Conn) -> bytes:
+        """The radix.attempt_session() of a connection this pool opened."""
+        return self._session_keys[conn]
 
     def is_superuser(self, principal: str) -> bool | None:
         """Is ``principal`` a superuser, as its idle session reported at login (PostgreSQL sends
@@ -141,3 +167,4 @@ class PrincipalPools:
             for conn in idle:
                 await conn.close()
         self._idle.clear()
+        self._session_keys.clear()

@@ -306,10 +306,7 @@ class Engine:
                                                                      "node": self.node_id}})
         if self._pause:
             await self._pause("claimed")
-        outcome = await self._execute(job, claim, next_planned)
-        if self._pause:
-            await self._pause("executed")
-        result = await self._finalise(job, claim, next_planned, outcome)
+        result = await self._execute(job, claim, next_planned)
         if self.observer is not None:
             self.observer.attempt(job, claim, result, started, self._principals)
         if log.isEnabledFor(logging.INFO):
@@ -319,15 +316,37 @@ class Engine:
             log.info("attempt finish job=%s tick=%s attempt=%s node=%s duration_ms=%s outcome=%s", job.name,
                      claim.planned_ns, claim.attempt, self.node_id, duration_ms, result, extra={"fields": fields})
 
-    async def _execute(self, job: JobDefinition, claim: Claim, next_planned: int | None) -> Outcome:
+    async def _execute(self, job: JobDefinition, claim: Claim, next_planned: int | None) -> str:
+        """Run the attempt as its principal, then record its outcome; returns what _finalise does.
+
+        The principal's connection is held until the outcome is recorded: the attempt's query carried the
+        MAC of the claim's token for that backend, good there while the token lives (engine/attempt.py),
+        and recording the outcome ends the token. A connection whose attempt could not be recorded is
+        closed, never reused for another attempt."""
         if job.call is None:
-            return Outcome(False, True, False, sqlstate="42883", message="procedure no longer exists")
-        try:
-            async with self._principals.connection(job.principal) as conn:
-                return await self._runner.run(conn, job, claim, next_planned, self.cancel)
-        except psycopg.OperationalError as exc:  # could not log in as the principal
-            return Outcome(False, not job.non_atomic, False, sqlstate=exc.sqlstate,
-                           message=first_line(exc), connection_lost=True)
+            return await self._executed(job, claim, next_planned, Outcome(
+                False, True, False, sqlstate="42883", message="procedure no longer exists"))
+        async with contextlib.AsyncExitStack() as stack:
+            try:
+                conn = await stack.enter_async_context(self._principals.connection(job.principal))
+            except psycopg.OperationalError as exc:  # could not log in as the principal
+                return await self._executed(job, claim, next_planned, Outcome(
+                    False, not job.non_atomic, False, sqlstate=exc.sqlstate, message=first_line(exc),
+                    connection_lost=True))
+            outcome = await self._runner.run(conn, job, claim, next_planned, self.cancel,
+                                             self._principals.session_key(conn))
+            try:
+                return await self._executed(job, claim, next_planned, outcome)
+            except BaseException:
+                await conn.close()
+                raise
+        raise AssertionError("unreachable")  # pragma: no cover (mypy: the exit stack swallows nothing)
+
+    async def _executed(self, job: JobDefinition, claim: Claim, next_planned: int | None,
+                        outcome: Outcome) -> str:
+        if self._pause:
+            await self._pause("executed")
+        return await self._finalise(job, claim, next_planned, outcome)
 
     async def _finalise(self, job: JobDefinition, claim: Claim, next_planned: int | None,
                         outcome: Outcome) -> str:

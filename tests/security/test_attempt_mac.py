@@ -1,0 +1,155 @@
+"""The atomic attempt is one simple query whose text the procedure and the principal's other sessions can
+read: it carries a MAC of the lease token for the backend that runs it, never the token
+(0012_hot_path.sql, engine/attempt.py). Each attack here reads the MAC through a real path and tries to
+use it: from another session, inside the attempt's own transaction, and on the same backend later."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+
+from radixjobs.engine import Engine
+from tests.apps import App
+from tests.support import wait_for
+
+LOCK = 86420  # the procedures wait on this advisory lock, held by the test, so their attempt stays open
+MAC = re.compile(r"radix\.begin_atomic\('([0-9a-f-]+)'::pg_catalog\.uuid, '([0-9a-f]+)'::pg_catalog\.text\)")
+
+
+def _procedure(app: App, name: str, body: str) -> None:
+    app.conn.execute(f"CREATE PROCEDURE {name}() LANGUAGE plpgsql AS $$ BEGIN {body} END $$".encode())
+
+
+def _as_principal(app: App) -> psycopg.Connection[Any]:
+    return psycopg.connect(app.dsn, user=app.principal, autocommit=True)
+
+
+class Background:
+    """An engine running due work in a thread until stopped (one slot: one principal connection)."""
+
+    def __init__(self, dsn: str, **kwargs: Any):
+        self.dsn = dsn
+        self.kwargs = kwargs
+        self.loop = asyncio.new_event_loop()
+        self.stop: asyncio.Event | None = None
+        self.engine: Engine | None = None
+        self.thread = threading.Thread(target=self.loop.run_until_complete, args=(self._run(),))
+
+    async def _run(self) -> None:
+        self.stop = asyncio.Event()
+        async with Engine(self.dsn, **self.kwargs) as engine:
+            self.engine = engine
+            while not self.stop.is_set():
+                await engine.dispatch_due()
+                await engine.wait_for_work(0.05)
+
+    def __enter__(self) -> Background:
+        self.thread.start()
+        wait_for(lambda: self.engine is not None)
+        return self
+
+    def __exit__(self, failed: object, *exc: object) -> None:
+        assert self.stop is not None
+        assert self.engine is not None
+        if failed is not None:  # a waiting attempt would hold the engine open: cancel it
+            self.loop.call_soon_threadsafe(self.engine.cancel.set)
+        self.loop.call_soon_threadsafe(self.stop.set)
+        self.thread.join(60)
+        if not self.thread.is_alive():
+            self.loop.close()
+
+
+@pytest.fixture
+def held(app: App) -> Iterator[psycopg.Connection[Any]]:
+    """The advisory lock the procedures wait on, held by a superuser session until released."""
+    conn = psycopg.connect(app.dsn, autocommit=True)
+    conn.execute("SELECT pg_advisory_lock(%s)", (LOCK,))
+    yield conn
+    conn.close()
+
+
+def _waiting_attempt(app: App) -> tuple[int, str]:
+    """The pid and query text of the attempt waiting on LOCK, as the principal's own session sees it."""
+    with _as_principal(app) as spy:
+        def seen() -> tuple[int, str] | None:
+            row = spy.execute("SELECT a.pid, a.query FROM pg_stat_activity a JOIN pg_locks l ON l.pid = a.pid "
+                              "WHERE l.locktype = 'advisory' AND l.objid = %s AND NOT l.granted",
+                              (LOCK,)).fetchone()
+            return (row[0], row[1]) if row else None
+        return wait_for(seen)
+
+
+def test_the_query_carries_a_mac_that_no_other_session_can_use(app: App, held: psycopg.Connection[Any]) -> None:
+    _procedure(app, "app.waits", f"PERFORM pg_advisory_xact_lock({LOCK}); CALL app.record('ran');")
+    name = app.job("CREATE JOB app.mac SCHEDULE AT TIMESTAMP '2020-01-01' RUN AS {p} CALL app.waits()")
+    with Background(app.dsn, concurrency=1):
+        _, query = _waiting_attempt(app)
+        found = MAC.search(query)
+        assert found is not None, query
+        job, mac = found.groups()
+        (token,) = app.conn.execute("SELECT lease_token FROM radix.radix_system_job_state WHERE job_id = %s",
+                                    (job,)).fetchone() or (None,)
+        assert token is not None
+        assert str(token) not in query
+        assert token.hex not in query
+        with _as_principal(app) as other:
+            for statement in ("SELECT radix.begin_atomic(%s, %s)", "SELECT radix.end_atomic(%s, %s, NULL)"):
+                with pytest.raises(psycopg.Error) as refused:
+                    other.execute(statement, (job, mac))
+                assert refused.value.sqlstate == "RXL01"
+        held.execute("SELECT pg_advisory_unlock(%s)", (LOCK,))
+        wait_for(lambda: app.history(name) and app.history(name)[-1]["status"] == "succeeded")
+    assert [e[1] for e in app.effects()] == ["ran"]
+
+
+def test_ending_its_own_attempt_early_with_the_mac_rolls_everything_back(app: App) -> None:
+    """The procedure reads its MAC from current_query() and marks its tick done itself (far in the future):
+    the daemon's own end then finds no frame, and the whole attempt rolls back."""
+    _procedure(app, "app.forge",
+               "PERFORM radix.end_atomic(radix.current_job_id(), substring(current_query() "
+               "FROM 'begin_atomic\\(''[^'']+''::pg_catalog.uuid, ''([0-9a-f]+)'''), 4102444800000000000); "
+               "CALL app.record('forged');")
+    name = app.job("CREATE JOB app.forger SCHEDULE EVERY INTERVAL '1 hour' RUN AS {p} CALL app.forge()")
+    planned = app.state(name)["planned_ns"]
+    app.make_due(name)
+    app.run(max_per_principal=1)
+    (h,) = app.history(name)
+    assert h["status"] != "succeeded"
+    assert "frame of this attempt is gone" in str(h["error"]), h
+    assert app.effects() == []
+    # the tick failed (recorded by the daemon) and the job stays on its grid, not in the year 2100
+    assert h["status"] == "failed", h
+    assert app.state(name)["planned_ns"] in (planned, planned + 3600 * 10**9)
+
+
+def test_a_mac_replayed_on_the_same_backend_after_its_attempt_is_refused(
+        app: App, held: psycopg.Connection[Any]) -> None:
+    """Job A's attempt is read from pg_stat_activity while it runs, then fails. Job B, same principal,
+    runs next on the same backend (one slot) and replays A's MAC there: by then A's failure is recorded
+    and its token gone, so the replay cannot mark A's tick done."""
+    _procedure(app, "app.victim_body", f"PERFORM pg_advisory_xact_lock({LOCK}); RAISE EXCEPTION 'fails';")
+    a = app.job("CREATE JOB app.a SCHEDULE AT TIMESTAMP '2020-01-01' RUN AS {p} CALL app.victim_body()")
+    with Background(app.dsn, concurrency=1):
+        pid, query = _waiting_attempt(app)
+        found = MAC.search(query)
+        assert found is not None, query
+        job, mac = found.groups()
+        _procedure(app, "app.replay",
+                   f"BEGIN PERFORM radix.begin_atomic('{job}', '{mac}'); "
+                   f"PERFORM radix.end_atomic('{job}', '{mac}', NULL); CALL app.record('replayed'); "
+                   "EXCEPTION WHEN OTHERS THEN "
+                   "RAISE EXCEPTION 'replay on pid % refused: %', pg_backend_pid(), SQLERRM; END;")
+        b = app.job("CREATE JOB app.b SCHEDULE AT TIMESTAMP '2020-01-01' RUN AS {p} CALL app.replay()")
+        held.execute("SELECT pg_advisory_unlock(%s)", (LOCK,))
+        wait_for(lambda: len(app.history(b)) > 0 and app.history(b)[0]["status"] != "running")
+    (hb, *_) = app.history(b)
+    assert f"replay on pid {pid} refused" in str(hb["error"]), hb  # the same backend
+    assert "the claim of this attempt is no longer held" in str(hb["error"]), hb
+    assert all(h["status"] != "succeeded" for h in app.history(a))
+    assert app.effects() == []
