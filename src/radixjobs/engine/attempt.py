@@ -20,6 +20,7 @@ connection) bounds all of it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import time
 import uuid
@@ -31,6 +32,7 @@ import psycopg
 
 from radixjobs.db import first_line
 from radixjobs.engine.definitions import JobDefinition
+from radixjobs.engine.principals import clean_statement
 
 NON_ATOMIC_SQLSTATE = "2D000"
 
@@ -51,11 +53,13 @@ def attempt_mac(session_key: bytes, token: uuid.UUID) -> str:
 
 def atomic_query(call: bytes, claim: Claim, deadline_ms: int, next_planned_ns: int | None,
                  session_key: bytes) -> bytes:
-    """The atomic attempt as one simple query: begin, the CALL (a DO block), end."""
+    """The atomic attempt as one simple query: BEGIN, begin, the CALL (a DO block), end, COMMIT, and then
+    the connection's clean (principals.clean_statement), which runs only if the attempt committed."""
     mac = attempt_mac(session_key, claim.lease_token)
     following = "NULL" if next_planned_ns is None else f"'{int(next_planned_ns)}'"
-    return b"".join((BEGIN_ATOMIC.format(ms=int(deadline_ms), job=claim.job_id, mac=mac).encode(), call,
-                     END_ATOMIC.format(job=claim.job_id, mac=mac, next=following).encode()))
+    return b"".join((b"BEGIN; ", BEGIN_ATOMIC.format(ms=int(deadline_ms), job=claim.job_id, mac=mac).encode(),
+                     call, END_ATOMIC.format(job=claim.job_id, mac=mac, next=following).encode(), b"; COMMIT; ",
+                     clean_statement()))
 
 
 @dataclass(frozen=True)
@@ -87,6 +91,7 @@ class Outcome:
     cancel_requested: bool = False
     connection_lost: bool = False
     in_doubt: bool = False  # the COMMIT's fate is unknown: the engine checks the ledger
+    cleaned: bool = False  # the connection was cleaned in the attempt's own query (principals.clean)
 
 
 Terminate = Callable[[int], Awaitable[None]]
@@ -191,17 +196,25 @@ class AttemptRunner:
 
     async def _atomic(self, conn: psycopg.AsyncConnection[Any], job: JobDefinition, claim: Claim,
                       next_planned_ns: int | None, session_key: bytes) -> Outcome:
-        """One simple query, one implicit transaction: the server stops at a failed statement and rolls
-        the whole back, so the marker commits only with the procedure (and a DO block in it is atomic:
-        a COMMIT inside fails with 2D000). A broken connection leaves the commit's fate unknown (in
-        doubt): the engine reads the ledger."""
+        """One simple query: the server stops at a failed statement, so the marker commits only with the
+        procedure (and a DO block inside the transaction block is atomic: a COMMIT inside fails with
+        2D000), and the clean runs only after a commit. A failure inside the block leaves it aborted
+        (rolled back here); any other failure (at COMMIT, in the clean, or a broken connection) leaves
+        the commit's fate unknown (in doubt): the engine reads the ledger."""
         assert job.call is not None
         try:
-            await conn.execute(atomic_query(job.call, claim, job.deadline_ms, next_planned_ns, session_key),
-                               prepare=False)
+            cur = await conn.execute(atomic_query(job.call, claim, job.deadline_ms, next_planned_ns, session_key),
+                                     prepare=False)
         except psycopg.Error as exc:
-            return self._failure(exc, atomic=True, in_doubt=True)
-        return Outcome(succeeded=True, atomic=True, finalised=True)
+            aborted = conn.info.transaction_status == psycopg.pq.TransactionStatus.INERROR
+            if aborted:
+                with contextlib.suppress(psycopg.Error):
+                    await conn.execute(b"ROLLBACK", prepare=False)
+            return self._failure(exc, atomic=True, in_doubt=not aborted)
+        while cur.nextset():  # to the clean's identity check, the last result
+            pass
+        row = await cur.fetchone()
+        return Outcome(succeeded=True, atomic=True, finalised=True, cleaned=bool(row and row[0] is True))
 
     async def _non_atomic(self, conn: psycopg.AsyncConnection[Any], job: JobDefinition, claim: Claim,
                           next_planned_ns: int | None) -> Outcome:
@@ -216,9 +229,7 @@ class AttemptRunner:
 
     @staticmethod
     def _failure(exc: psycopg.Error, *, atomic: bool, in_doubt: bool) -> Outcome:
-        """An Outcome for a failed statement; ``in_doubt`` when the connection broke at COMMIT."""
+        """An Outcome for a failed statement; ``in_doubt`` when it may have failed after the commit."""
         message = exc.diag.message_primary or first_line(exc)
-        broken = exc.sqlstate is None or exc.sqlstate.startswith("08") or exc.sqlstate.startswith("57P")
         return Outcome(succeeded=False, atomic=atomic, finalised=False, sqlstate=exc.sqlstate,
-                       message=message, connection_lost=exc.sqlstate is None,
-                       in_doubt=in_doubt and broken)
+                       message=message, connection_lost=exc.sqlstate is None, in_doubt=in_doubt)

@@ -116,6 +116,7 @@ class PrincipalPools:
         self.max_idle = max_idle
         self._idle: dict[str, list[Conn]] = {}
         self._session_keys: dict[Conn, bytes] = {}
+        self._cleaned: set[Conn] = set()
 
     @contextlib.asynccontextmanager
     async def connection(self, principal: str) -> AsyncIterator[Conn]:
@@ -128,11 +129,20 @@ class PrincipalPools:
         try:
             yield conn
         finally:
-            if len(idle) < self.max_idle and await clean(conn):
+            if conn in self._cleaned:  # cleaned in the attempt's own query (engine/attempt.py)
+                self._cleaned.discard(conn)
+                reusable = not conn.closed and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+            else:
+                reusable = await clean(conn)
+            if len(idle) < self.max_idle and reusable:
                 idle.append(conn)
             else:
                 await conn.close()
                 self._session_keys.pop(conn, None)
+
+    def mark_clean(self, conn: Conn) -> None:
+        """``conn`` ran the clean (and its identity check passed) after its last statement of user code."""
+        self._cleaned.add(conn)
 
     async def _connect(self, principal: str) -> Conn:
         """Log in, and learn the backend's session key (for attempt MACs) in the same round trip as

@@ -335,6 +335,8 @@ class Engine:
                     connection_lost=True))
             outcome = await self._runner.run(conn, job, claim, next_planned, self.cancel,
                                              self._principals.session_key(conn))
+            if outcome.cleaned:
+                self._principals.mark_clean(conn)
             try:
                 return await self._executed(job, claim, next_planned, outcome)
             except BaseException:

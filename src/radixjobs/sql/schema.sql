@@ -4979,6 +4979,8 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
+    -- one read of this backend's status (it copies every backend's entry): the MAC and the frame share it
+    started timestamptz := (SELECT a.backend_start FROM pg_stat_get_activity(pg_backend_pid()) a);
     c record;
 BEGIN
     -- refused: 0 ok; 1 not logged in as the principal; 2 the owner may no longer act as it (the rule of
@@ -5007,7 +5009,11 @@ BEGIN
     JOIN radix.jobs j ON j.job_id = s.job_id
     LEFT JOIN pg_proc p ON p.oid = j.procedure_oid AND p.prokind = 'p'
                        AND p.oid::regprocedure::text = j.procedure_signature
-    WHERE s.job_id = job AND s.status = 'running' AND radix._attempt_mac(s.lease_token) = mac
+    CROSS JOIN radix.attempt_secret k
+    WHERE s.job_id = job AND s.status = 'running'
+      -- radix._attempt_mac(s.lease_token), inlined
+      AND encode(sha256(sha256(k.secret || int4send(pg_backend_pid()) || timestamptz_send(started))
+                        || uuid_send(s.lease_token)), 'hex') = mac
     FOR KEY SHARE OF s;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'the claim of this attempt is no longer held' USING ERRCODE = 'RXL01';
@@ -5024,8 +5030,7 @@ BEGIN
     END IF;
     INSERT INTO radix.attempt_frames AS f
         (pid, backend_start, job_id, attempt, planned_ns, idempotency_key, lease_token)
-    VALUES (pg_backend_pid(), (SELECT a.backend_start FROM pg_stat_get_activity(pg_backend_pid()) a),
-            job, c.attempt, c.planned_ns, c.idempotency_key, c.lease_token)
+    VALUES (pg_backend_pid(), started, job, c.attempt, c.planned_ns, c.idempotency_key, c.lease_token)
     ON CONFLICT (pid) DO UPDATE SET backend_start = excluded.backend_start, job_id = excluded.job_id,
         attempt = excluded.attempt, planned_ns = excluded.planned_ns,
         idempotency_key = excluded.idempotency_key, lease_token = excluded.lease_token;
@@ -5038,11 +5043,15 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    f radix.attempt_frames;
+    f record;
 BEGIN
-    DELETE FROM radix.attempt_frames WHERE pid = pg_backend_pid() AND job_id = job
-    RETURNING * INTO f;
-    IF NOT FOUND OR radix._attempt_mac(f.lease_token) IS DISTINCT FROM mac THEN
+    -- the frame begin_atomic wrote on this backend holds its backend_start: the MAC without pg_stat
+    DELETE FROM radix.attempt_frames d WHERE d.pid = pg_backend_pid() AND d.job_id = job
+    RETURNING d.planned_ns, d.attempt, d.lease_token,
+              (SELECT encode(sha256(sha256(k.secret || int4send(d.pid) || timestamptz_send(d.backend_start))
+                                    || uuid_send(d.lease_token)), 'hex') FROM radix.attempt_secret k) AS mac
+    INTO f;
+    IF NOT FOUND OR f.mac IS DISTINCT FROM mac THEN
         RAISE EXCEPTION 'the frame of this attempt is gone' USING ERRCODE = 'RXL01';
     END IF;
     -- a scheduled tick: what radix._advance(job, token, next_planned_ns, true, NULL) writes, in one UPDATE
