@@ -1,12 +1,12 @@
 """Run one claimed attempt on a connection logged in as the job's principal.
 
-Atomic (the default): ``begin_atomic; CALL; end_atomic(marks the tick done)``, one simple-protocol query
-and so one implicit transaction — the procedure's effects and the completion marker commit together or
-not at all (exactly once). Its text is readable by the procedure (current_query()) and by the principal's
-other sessions (pg_stat_activity), so it never carries the lease token: it carries the token's MAC for
-this backend (``attempt_mac``; 0012_hot_path.sql), which no other backend can use. On this backend a MAC
-is good while its token lives, so the engine does not reuse the connection for another attempt before
-the attempt's outcome is recorded (engine.runner).
+Atomic (the default): ``BEGIN; begin_atomic; CALL; end_atomic(marks the tick done); COMMIT; <clean>``, one
+simple-protocol query — the procedure's effects and the completion marker commit together or not at all
+(exactly once), and the connection's clean runs only after the commit. The query's text is readable by the
+procedure (current_query()) and by the principal's other sessions (pg_stat_activity), so it never carries
+the lease token: it carries the token's MAC for this backend (``attempt_mac``; 0012_hot_path.sql), which
+no other backend can use. On this backend a MAC is good while its token lives, so the engine does not
+reuse the connection for another attempt before the attempt's outcome is recorded (engine.runner).
 A procedure that commits inside fails that with 2D000; it is then run non-atomically (autocommit CALL,
 at-least-once) and the job is flagged ``non_atomic`` so later ticks go straight to that mode.
 The CALL is sent inside a DO block (definitions.build_call): OUT/INOUT results never reach the daemon.

@@ -14,7 +14,10 @@ pg_catalog``) and defines ``mine.pg_advisory_unlock_all()``, ``mine.=`` or ``min
   defaults choose nothing in it;
 - the clean is bounded (``CLEAN_TIMEOUT_S``, and a statement_timeout inside it): past that the connection
   is closed, never reused, and the backend ends within client_connection_check_interval;
-- logins are bounded by ``connect_timeout``;
+- logins are bounded by ``connect_timeout``, and the session key read after a login (the backend's
+  radix.attempt_session(), for attempt MACs: engine/attempt.py) by ``CLEAN_TIMEOUT_S``;
+- a connection is cleaned before reuse: by ``clean()``, or by the clean that follows a committed atomic
+  attempt in its own query (``mark_clean``: the identity check in it passed);
 - a principal's password comes only from the password file (``passfile`` in the DSN, ``PGPASSFILE``, or
   ``~/.pgpass``), never from the scheduler's DSN nor from ``PGPASSWORD`` in the daemon's environment:
   the DSN carries an empty ``password``, which libpq reads as "none given" (so it looks in the password
@@ -145,8 +148,8 @@ class PrincipalPools:
         self._cleaned.add(conn)
 
     async def _connect(self, principal: str) -> Conn:
-        """Log in, and learn the backend's session key (for attempt MACs) in the same round trip as
-        nothing else: the first statement of the session, before any attempt ran on it."""
+        """Log in, then read the backend's session key (for attempt MACs) as the session's first
+        statement, before any attempt ran on it; bounded like a clean."""
         conn = await psycopg.AsyncConnection.connect(principal_dsn(self.dsn, principal), autocommit=True,
                                                      prepare_threshold=None)
         try:
