@@ -36,8 +36,9 @@ from typing import Any
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-# A backend whose client vanished (daemon killed, or a clean timed out) notices within a second and ends.
-PRINCIPAL_OPTIONS = "-c client_connection_check_interval=1000"
+# A backend whose client vanished (daemon killed, or a clean timed out) notices within 250 ms and ends
+# (its atomic attempt rolls back, and another node may run the tick: the failover time of atomic jobs).
+PRINCIPAL_OPTIONS = "-c client_connection_check_interval=250"
 CONNECT_TIMEOUT_S = 10
 # A clean does no user code; it is slow only when something holds it up (a lock on the session's temp
 # objects taken from another session of the principal): then the connection is dropped, not waited for.
