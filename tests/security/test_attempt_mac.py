@@ -74,25 +74,27 @@ def held(app: App) -> Iterator[psycopg.Connection[Any]]:
     conn.close()
 
 
-def _waiting_attempt(app: App) -> tuple[int, str]:
-    """The pid and query text of the attempt waiting on LOCK, as the principal's own session sees it."""
+def _waiting_attempt(app: App) -> tuple[int, str, str, str]:
+    """The attempt waiting on LOCK as the principal's own session sees it in pg_stat_activity: its pid,
+    its query text, and the job id and MAC read from that text."""
     with _as_principal(app) as spy:
         def seen() -> tuple[int, str] | None:
             row = spy.execute("SELECT a.pid, a.query FROM pg_stat_activity a JOIN pg_locks l ON l.pid = a.pid "
                               "WHERE l.locktype = 'advisory' AND l.objid = %s AND NOT l.granted",
                               (LOCK,)).fetchone()
             return (row[0], row[1]) if row else None
-        return wait_for(seen)
+        pid, query = wait_for(seen)
+    found = MAC.search(query)
+    assert found is not None, query
+    job, mac = found.groups()
+    return pid, query, job, mac
 
 
 def test_the_query_carries_a_mac_that_no_other_session_can_use(app: App, held: psycopg.Connection[Any]) -> None:
     _procedure(app, "app.waits", f"PERFORM pg_advisory_xact_lock({LOCK}); CALL app.record('ran');")
     name = app.job("CREATE JOB app.mac SCHEDULE AT TIMESTAMP '2020-01-01' RUN AS {p} CALL app.waits()")
     with Background(app.dsn, concurrency=1):
-        _, query = _waiting_attempt(app)
-        found = MAC.search(query)
-        assert found is not None, query
-        job, mac = found.groups()
+        _, query, job, mac = _waiting_attempt(app)
         (token,) = app.conn.execute("SELECT lease_token FROM radix.radix_system_job_state WHERE job_id = %s",
                                     (job,)).fetchone() or (None,)
         assert token is not None
@@ -136,10 +138,7 @@ def test_a_mac_replayed_on_the_same_backend_after_its_attempt_is_refused(
     _procedure(app, "app.victim_body", f"PERFORM pg_advisory_xact_lock({LOCK}); RAISE EXCEPTION 'fails';")
     a = app.job("CREATE JOB app.a SCHEDULE AT TIMESTAMP '2020-01-01' RUN AS {p} CALL app.victim_body()")
     with Background(app.dsn, concurrency=1):
-        pid, query = _waiting_attempt(app)
-        found = MAC.search(query)
-        assert found is not None, query
-        job, mac = found.groups()
+        pid, _, job, mac = _waiting_attempt(app)
         _procedure(app, "app.replay",
                    f"BEGIN PERFORM radix.begin_atomic('{job}', '{mac}'); "
                    f"PERFORM radix.end_atomic('{job}', '{mac}', NULL); CALL app.record('replayed'); "
