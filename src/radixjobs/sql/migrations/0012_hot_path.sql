@@ -2,9 +2,9 @@
 -- connection, its statements leaner; same checks, same fence, same writes, no foreign-key checks on the
 -- hot rows.
 --
--- One query. The daemon sends `set_config + begin_atomic; DO (the CALL); end_atomic` as one simple query
--- (one implicit transaction, one message: psycopg's extended-protocol pipeline cost five times the
--- client CPU). Its text is readable by the procedure (current_query()) and by the principal's other
+-- One query. The daemon sends `BEGIN; set_config + begin_atomic; DO (the CALL); end_atomic; COMMIT;` and
+-- then the connection's clean as one simple query (one message: psycopg's extended-protocol pipeline cost
+-- five times the client CPU). Its text is readable by the procedure (current_query()) and by the principal's other
 -- sessions (pg_stat_activity), so it must not carry the lease token, which begin_attempt trusts: it
 -- carries a MAC of the token instead, valid only on the backend that runs the attempt:
 --   session key  k = sha256(secret || pid || backend_start)        (radix.attempt_session(): this backend's)
