@@ -159,6 +159,14 @@ def _check(argv: list[str], files: dict[str, str]) -> None:
     assert len(errors) == 1, (argv, stderr)  # click's usage block around it is fine; one error line
 
 
+def test_a_file_name_that_is_no_text_is_one_error_line(files: dict[str, str]) -> None:
+    """Found by test_command_lines: click opened the file and UnicodeEncodeError escaped as a traceback."""
+    code, _, stderr = run_main(["docs", "apply", "\ud800"], files["home"])
+    assert code == 2
+    assert stderr.strip().startswith("radixjobs: error: an argument is not valid text"), stderr
+    _check(["sql", "-f", "\ud800"], files)
+
+
 @fuzz_settings()
 @given(data=st.data())
 def test_command_lines(files: dict[str, str], data: st.DataObject) -> None:

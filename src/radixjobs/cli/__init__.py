@@ -63,5 +63,8 @@ def main() -> None:
         state = f" [{exc.sqlstate}]" if exc.sqlstate else ""
         click.echo(f"radixjobs: error{state}: {first_line(exc)}", err=True)
         sys.exit(1)
+    except UnicodeError as exc:  # an argument that is no text, e.g. a file name with a lone surrogate
+        click.echo(f"radixjobs: error: an argument is not valid text: {exc}", err=True)
+        sys.exit(2)
     except KeyboardInterrupt:
         sys.exit(130)
