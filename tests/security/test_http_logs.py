@@ -164,7 +164,10 @@ def test_idle_and_slowloris_clients_cannot_starve_the_daemon(app: App, tmp_path:
         wait_for(lambda: healthy_under_attack() and _http_connections(daemon.proc.pid, address.port) == 0,
                  timeout=4 * REQUEST_TIMEOUT_S + 10, interval=0.2, message="every idle and slow client closed")
         assert peak < NOFILE - 32, peak  # the scheduler's reserve was never touched
-        assert cap // 2 <= peak_http <= cap + BACKLOG, (peak_http, cap)  # the flood filled the cap, no more
+        # the flood filled the cap, and no more than the sockets in flight: asyncio accepts up to BACKLOG at
+        # once and closes a refused (aborted) one on its next loop iteration, so one accepted batch and the
+        # refused one before it can be open together (measured up to cap + 86 with cap + BACKLOG = 128)
+        assert cap // 2 <= peak_http <= cap + 2 * BACKLOG, (peak_http, cap)
         wait_for(lambda: _effects(app) >= before + 2, timeout=30, message="the job to keep running")
         status = daemon.status()
         assert status["counters"]["failures_connection"] == 0, status

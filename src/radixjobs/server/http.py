@@ -38,7 +38,9 @@ from radixjobs.server.daemon import Daemon
 log = logging.getLogger("radixjobs.server")
 
 DEFAULT_HTTP = "127.0.0.1:7317"
-BACKLOG = 64  # asyncio accepts up to the backlog at once: a burst holds at most that many descriptors briefly
+# asyncio accepts up to the backlog at once, and closes a refused connection's socket on its next loop
+# iteration: a burst briefly holds about two backlogs of descriptors beyond the cap
+BACKLOG = 64
 PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
