@@ -1,4 +1,4 @@
-"""Failover: two radixjobs serve on one database; one is killed (SIGKILL) while it holds claims.
+"""Failover: two radixjobs serve on one database; one is killed (SIGKILL) while it runs attempts.
 
 Measured per round: seconds from the kill until every job the killed node held has started again on
 the surviving node (its history row, database clock), and how many of those restarts were resumptions
@@ -20,7 +20,15 @@ CREATE_JOB = """
 SELECT radix.create_job('bench.f0', jsonb_build_object('every', '1 second'), %s, 'bench.slow',
                         jsonb_build_object('ms', %s))
 """
+# The node's attempts in progress: its one-transaction ticks, read from their query text (radix.begin_tick's
+# job and tick, radix.end_tick's node id in hex: engine/ticks.py), and its leases (published ticks, claims).
 HELD = """
+SELECT substring(a.query FROM 'begin_tick\\(''([0-9a-f-]+)''')::uuid,
+       substring(a.query FROM 'begin_tick\\(''[0-9a-f-]+''::pg_catalog.uuid, ''([0-9]+)''')::bigint
+FROM pg_stat_activity a
+WHERE a.application_name = 'radixjobs-attempt' AND a.state = 'active' AND a.query LIKE '%%begin_tick%%'
+  AND strpos(a.query, %s) > 0
+UNION
 SELECT job_id, planned_ns FROM radix.radix_system_job_state WHERE lease_node = %s AND status = 'running'
 """
 # For each held job: the first attempt started by another node after the kill.
@@ -43,7 +51,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def one_round(db: BenchDatabase, victim: Daemon, survivor: Daemon) -> dict[str, Any]:
     with db.connect() as conn:
-        held = wait_for(lambda: conn.execute(HELD.encode(), (victim.node_id,)).fetchall(), timeout=30,
+        node_hex = "'" + victim.node_id.encode().hex() + "'"
+        held = wait_for(lambda: conn.execute(HELD.encode(), (node_hex, victim.node_id)).fetchall(), timeout=30,
                         message=f"{victim.node_id} to hold claims", interval=0.01)
         victim.kill()
         killed_at = conn.execute(b"SELECT clock_timestamp()").fetchone()[0]  # type: ignore[index]

@@ -85,7 +85,8 @@ def test_a_node_restarted_with_its_own_id_resumes_its_claims_at_once(app: App, t
         if second:
             second.stop()
     statuses = [h["status"] for h in app.history(name)]
-    assert statuses == ["lease_lost", "succeeded"]
+    # killed in its first second, the tick wrote nothing; published as a lease by then, it left 'lease_lost'
+    assert statuses in (["succeeded"], ["lease_lost", "succeeded"])
     assert [e[1] for e in app.effects()] == ["slow"]  # the killed attempt's effect was rolled back
 
 

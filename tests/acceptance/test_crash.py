@@ -74,9 +74,11 @@ def test_crash_inside_the_procedure(app: App, tmp_path: Path) -> None:
     _resume(app)
     assert [e[1] for e in app.effects()] == ["inside"]  # the killed attempt's insert was rolled back
     history = app.history(name)
-    assert [h["status"] for h in history] == ["lease_lost", "succeeded"]
-    assert history[0]["attempt"] == history[1]["attempt"]
-    assert history[0]["idempotency_key"] == history[1]["idempotency_key"]
+    # a tick killed in its first second wrote nothing (one transaction): only the resumed run is in the
+    # history; one published as a lease before the kill (engine/ticks.py) left a 'lease_lost' row first
+    assert [h["status"] for h in history] in (["succeeded"], ["lease_lost", "succeeded"])
+    assert {h["attempt"] for h in history} == {1}
+    assert {h["idempotency_key"] for h in history} == {f"{app.state(name)['job_id']}/1577836800000000000"}
 
 
 def test_non_atomic_crash_after_commit_repeats_and_once_dedupes(app: App, tmp_path: Path) -> None:

@@ -1,7 +1,9 @@
-"""The atomic attempt is one simple query whose text the procedure and the principal's other sessions can
-read: it carries a MAC of the lease token for the backend that runs it, never the token
+"""The atomic attempt of the lease path is one simple query whose text the procedure and the principal's
+other sessions can read: it carries a MAC of the lease token for the backend that runs it, never the token
 (0012_hot_path.sql, engine/attempt.py). Each attack here reads the MAC through a real path and tries to
-use it: from another session, inside the attempt's own transaction, and on the same backend later."""
+use it: from another session, inside the attempt's own transaction, and on the same backend later. The
+jobs run by RUN JOB, whose requests take the lease path; the one-transaction tick's own MAC is attacked in
+test_ticks.py."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from typing import Any
 import psycopg
 import pytest
 
+from radixjobs import catalog
 from radixjobs.engine import Engine
 from tests.apps import App
 from tests.support import wait_for
@@ -92,7 +95,8 @@ def _waiting_attempt(app: App) -> tuple[int, str, str, str]:
 
 def test_the_query_carries_a_mac_that_no_other_session_can_use(app: App, held: psycopg.Connection[Any]) -> None:
     _procedure(app, "app.waits", f"PERFORM pg_advisory_xact_lock({LOCK}); CALL app.record('ran');")
-    name = app.job("CREATE JOB app.mac SCHEDULE AT TIMESTAMP '2020-01-01' RUN AS {p} CALL app.waits()")
+    name = app.job("CREATE JOB app.mac SCHEDULE EVERY INTERVAL '1 day' RUN AS {p} CALL app.waits()")
+    catalog.run_job(app.conn, name)
     with Background(app.dsn, concurrency=1):
         _, query, job, mac = _waiting_attempt(app)
         (token,) = app.conn.execute("SELECT lease_token FROM radix.radix_system_job_state WHERE job_id = %s",
@@ -119,7 +123,7 @@ def test_ending_its_own_attempt_early_with_the_mac_rolls_everything_back(app: Ap
                "CALL app.record('forged');")
     name = app.job("CREATE JOB app.forger SCHEDULE EVERY INTERVAL '1 hour' RUN AS {p} CALL app.forge()")
     planned = app.state(name)["planned_ns"]
-    app.make_due(name)
+    catalog.run_job(app.conn, name)
     app.run(max_per_principal=1)
     (h,) = app.history(name)
     assert h["status"] != "succeeded"
@@ -136,7 +140,8 @@ def test_a_mac_replayed_on_the_same_backend_after_its_attempt_is_refused(
     runs next on the same backend (one slot) and replays A's MAC there: by then A's failure is recorded
     and its token gone, so the replay cannot mark A's tick done."""
     _procedure(app, "app.victim_body", f"PERFORM pg_advisory_xact_lock({LOCK}); RAISE EXCEPTION 'fails';")
-    a = app.job("CREATE JOB app.a SCHEDULE AT TIMESTAMP '2020-01-01' RUN AS {p} CALL app.victim_body()")
+    a = app.job("CREATE JOB app.a SCHEDULE EVERY INTERVAL '1 day' RUN AS {p} CALL app.victim_body()")
+    catalog.run_job(app.conn, a)
     with Background(app.dsn, concurrency=1):
         pid, _, job, mac = _waiting_attempt(app)
         _procedure(app, "app.replay",
@@ -144,7 +149,8 @@ def test_a_mac_replayed_on_the_same_backend_after_its_attempt_is_refused(
                    f"PERFORM radix.end_atomic('{job}', '{mac}', NULL); CALL app.record('replayed'); "
                    "EXCEPTION WHEN OTHERS THEN "
                    "RAISE EXCEPTION 'replay on pid % refused: %', pg_backend_pid(), SQLERRM; END;")
-        b = app.job("CREATE JOB app.b SCHEDULE AT TIMESTAMP '2020-01-01' RUN AS {p} CALL app.replay()")
+        b = app.job("CREATE JOB app.b SCHEDULE EVERY INTERVAL '1 day' RUN AS {p} CALL app.replay()")
+        catalog.run_job(app.conn, b)
         held.execute("SELECT pg_advisory_unlock(%s)", (LOCK,))
         wait_for(lambda: len(app.history(b)) > 0 and app.history(b)[0]["status"] != "running")
     (hb, *_) = app.history(b)

@@ -73,6 +73,18 @@ LEDGER_WRITES = {
     "begin_atomic of another job with the session key": "PERFORM radix.begin_atomic('{victim}', "
                                                          "radix.attempt_session());",
     "end_atomic of another job": "PERFORM radix.end_atomic('{victim}', md5(random()::text), 0);",
+    # the one-transaction tick (0013; tests/security/test_ticks.py reads and replays a real MAC)
+    "begin_tick with a guessed MAC": "PERFORM radix.begin_tick(radix.current_job_id(), 0, md5(random()::text));",
+    "begin_tick of another job with the session key": "PERFORM radix.begin_tick('{victim}', 0, "
+                                                       "radix.attempt_session());",
+    "end_tick of its own tick with a guessed MAC": "PERFORM radix.end_tick(radix.current_job_id(), "
+                                                   "md5(random()::text), 0, '41');",
+    "end_tick of another job": "PERFORM radix.end_tick('{victim}', md5(random()::text), 0, '41');",
+    "find_ticks": "PERFORM * FROM radix.find_ticks('evil', 10, 0, '{{}}', '{{}}');",
+    "claim_tick": "PERFORM * FROM radix.claim_tick('evil', '{victim}', 0, gen_random_uuid(), 300, true);",
+    "record_lost_tick": "PERFORM radix.record_lost_tick('evil', '{victim}', 0, 1, now());",
+    "lock the tick locks": "PERFORM 1 FROM radix.tick_locks FOR UPDATE;",
+    "compute a tick token": "PERFORM radix._tick_token('{victim}', 0, 0, now());",
     "read the attempt secret": "PERFORM secret FROM radix.attempt_secret;",
     "compute a MAC": "PERFORM radix._attempt_mac(gen_random_uuid());",
     "compute a session key": "PERFORM radix._session_key();",

@@ -1,4 +1,5 @@
-"""The scheduler engine: claim → execute as the principal → finalise, for one database."""
+"""The scheduler engine for one database: find a tick and run it in one transaction as its principal, or
+claim → execute as the principal → finalise (the lease path)."""
 
 from radixjobs.engine.attempt import Claim, Outcome
 from radixjobs.engine.runner import Engine, default_node_id

@@ -35,6 +35,7 @@ from radixjobs.engine.definitions import JobDefinition
 from radixjobs.engine.principals import clean_statement
 
 NON_ATOMIC_SQLSTATE = "2D000"
+TICK_ELSEWHERE_SQLSTATE = "RXT01"  # radix.begin_tick: the tick is not this backend's to run
 
 BEGIN_NON_ATOMIC = ("SELECT pg_catalog.set_config('statement_timeout', %s::pg_catalog.text, false), "
                     "radix.begin_attempt(%s::pg_catalog.uuid, %s::pg_catalog.uuid)")
@@ -44,6 +45,16 @@ END_NON_ATOMIC = "SELECT radix.end_attempt(%s::pg_catalog.uuid, %s::pg_catalog.u
 BEGIN_ATOMIC = ("SELECT pg_catalog.set_config('statement_timeout', '{ms}'::pg_catalog.text, true), "
                 "radix.begin_atomic('{job}'::pg_catalog.uuid, '{mac}'::pg_catalog.text); ")
 END_ATOMIC = "; SELECT radix.end_atomic('{job}'::pg_catalog.uuid, '{mac}'::pg_catalog.text, {next}::pg_catalog.int8)"
+
+
+def begin_tick_refused(exc: psycopg.Error) -> bool:
+    """Did radix.begin_tick itself refuse the tick (RXT01: run elsewhere, or changed since found), so that
+    nothing ran? The procedure may raise RXT01 too, but not from the query's top level: whatever it
+    raises has the DO block (``inline_code_block``) as its outermost context frame, which no RAISE option
+    sets, while begin_tick's own error has radix.begin_tick there. (Function names are not translated.)"""
+    context = exc.diag.context or ""
+    return (exc.sqlstate == TICK_ELSEWHERE_SQLSTATE and "inline_code_block" not in context
+            and "radix.begin_tick(" in context)
 
 
 def attempt_mac(session_key: bytes, token: uuid.UUID) -> str:
@@ -92,6 +103,7 @@ class Outcome:
     connection_lost: bool = False
     in_doubt: bool = False  # the COMMIT's fate is unknown: the engine checks the ledger
     cleaned: bool = False  # the connection was cleaned in the attempt's own query (principals.clean)
+    elsewhere: bool = False  # a tick not this backend's to run (RXT01: run elsewhere, or changed): nothing ran
 
 
 Terminate = Callable[[int], Awaitable[None]]
@@ -125,18 +137,22 @@ class AttemptRunner:
         self._cancel_event: asyncio.Event | None = None
 
     async def run(self, conn: psycopg.AsyncConnection[Any], job: JobDefinition, claim: Claim,
-                  next_planned_ns: int | None, cancel: asyncio.Event, session_key: bytes) -> Outcome:
+                  next_planned_ns: int | None, cancel: asyncio.Event, session_key: bytes,
+                  tick_query: bytes | None = None) -> Outcome:
         """Run the attempt on ``conn`` (whose radix.attempt_session() is ``session_key``); never raises
-        for failures of the procedure or the connection."""
+        for failures of the procedure or the connection. With ``tick_query`` (engine/ticks.py) the
+        attempt is that one-transaction tick, and ``claim`` stands for it (its token, no lease yet)."""
         atomic = not job.non_atomic
         started = time.monotonic()
-        watched = _Watched(conn, conn.info.backend_pid, claim.lease_token)
+        watched = _Watched(conn, conn.info.backend_pid, None if tick_query else claim.lease_token)
         self._active.add(watched)
         timer = asyncio.get_running_loop().call_later(job.deadline_ms / 1000 + self.grace_s, self._end,
                                                       watched, False)
         self._watch_cancel(cancel, watched)
         try:
-            if atomic:
+            if tick_query is not None:
+                outcome = await self._one_query(conn, tick_query)
+            elif atomic:
                 outcome = await self._atomic(conn, job, claim, next_planned_ns, session_key)
                 if outcome.sqlstate == NON_ATOMIC_SQLSTATE:
                     # the procedure controls transactions itself: nothing of it was kept; run it the
@@ -154,6 +170,23 @@ class AttemptRunner:
         outcome.deadline_expired = not outcome.succeeded and elapsed_ms >= job.deadline_ms
         outcome.cancel_requested = cancel.is_set()
         return outcome
+
+    def hold(self, conn: psycopg.AsyncConnection[Any], token: uuid.UUID) -> bool:
+        """The attempt running on ``conn`` now holds the lease ``token`` (a tick published as a lease), so
+        ``lose(token)`` ends it. False when no attempt runs on ``conn``."""
+        for watched in self._active:
+            if watched.conn is conn:
+                watched.lease_token = token
+                return True
+        return False
+
+    def end(self, conn: psycopg.AsyncConnection[Any]) -> bool:
+        """End the attempt running on ``conn`` now (its tick changed under it). False when none runs."""
+        for watched in list(self._active):
+            if watched.conn is conn:
+                self._end(watched, False)
+                return True
+        return False
 
     def lose(self, token: uuid.UUID) -> bool:
         """The lease of the attempt holding ``token`` is gone: end its backend now. False when no
@@ -202,15 +235,20 @@ class AttemptRunner:
         (rolled back here); any other failure (at COMMIT, in the clean, or a broken connection) leaves
         the commit's fate unknown (in doubt): the engine reads the ledger."""
         assert job.call is not None
+        return await self._one_query(conn, atomic_query(job.call, claim, job.deadline_ms, next_planned_ns,
+                                                        session_key))
+
+    async def _one_query(self, conn: psycopg.AsyncConnection[Any], query: bytes) -> Outcome:
         try:
-            cur = await conn.execute(atomic_query(job.call, claim, job.deadline_ms, next_planned_ns, session_key),
-                                     prepare=False)
+            cur = await conn.execute(query, prepare=False)
         except psycopg.Error as exc:
             aborted = conn.info.transaction_status == psycopg.pq.TransactionStatus.INERROR
             if aborted:
                 with contextlib.suppress(psycopg.Error):
                     await conn.execute(b"ROLLBACK", prepare=False)
-            return self._failure(exc, atomic=True, in_doubt=not aborted)
+            outcome = self._failure(exc, atomic=True, in_doubt=not aborted)
+            outcome.elsewhere = begin_tick_refused(exc)
+            return outcome
         while cur.nextset():  # to the clean's identity check, the last result
             pass
         row = await cur.fetchone()

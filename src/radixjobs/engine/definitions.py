@@ -28,8 +28,8 @@ LEFT JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
 WHERE j.job_id = ANY(%s)
 """
 
-# The claim (node, how many, with cron ticks, the per-principal cap, the lease in seconds: see
-# radix.claim_due), and in the same
+# The claim (node, how many, with cron ticks, the per-principal cap, the lease in seconds, and leaving the
+# one-transaction ticks to radix.find_ticks: see radix.claim_due), and in the same
 # round trip the definition of each claimed job (built only when the cache lacks that version; arguments
 # come as text, parsed only then). ROWS on radix.claim_due keeps this a
 # nested loop over the jobs' primary key however many jobs there are.
@@ -40,7 +40,7 @@ SELECT c.job_id, c.definition_version, c.lease_token, c.planned_ns, c.attempt, c
        n.nspname, p.proname, j.arguments::text, j.deadline_ms, j.non_atomic, j.schedule_kind, j.interval_ns,
        j.starting_at_ns, j.at_ns, j.cron_expression, j.cron_time_zone, j.max_attempts
 FROM radix.claim_due(%s::pg_catalog.text, %s::pg_catalog.int4, %s::pg_catalog.bool, %s::pg_catalog.int4,
-                     %s::pg_catalog.int4) c
+                     %s::pg_catalog.int4, true) c
 JOIN radix.jobs j ON j.job_id = c.job_id
 LEFT JOIN pg_catalog.pg_proc p ON p.oid = j.procedure_oid
 LEFT JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace

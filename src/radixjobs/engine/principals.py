@@ -170,6 +170,10 @@ class PrincipalPools:
         """The radix.attempt_session() of a connection this pool opened."""
         return self._session_keys[conn]
 
+    def backend_pids(self) -> list[int]:
+        """The backends of every session open here (idle or running an attempt)."""
+        return [conn.info.backend_pid for conn in self._session_keys if not conn.closed]
+
     def is_superuser(self, principal: str) -> bool | None:
         """Is ``principal`` a superuser, as its idle session reported at login (PostgreSQL sends
         is_superuser in the startup)? None when no session of it is idle here."""

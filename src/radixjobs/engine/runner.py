@@ -19,17 +19,16 @@ import socket
 import time
 import uuid
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any
 
 import psycopg
 from psycopg.rows import dict_row
-from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
 from radixjobs import retry
-from radixjobs.db import POOL_OPEN_TIMEOUT_S, abound_lock_waits, first_line, scheduler_dsn
-from radixjobs.engine.attempt import AttemptRunner, Claim, Outcome
+from radixjobs.db import POOL_OPEN_TIMEOUT_S, abound_lock_waits, scheduler_dsn
+from radixjobs.engine.attempt import AttemptRunner, Claim
 from radixjobs.engine.definitions import (
     CLAIM,
     CLAIM_COLUMNS,
@@ -38,11 +37,20 @@ from radixjobs.engine.definitions import (
     JobDefinition,
     definition_from_row,
 )
+from radixjobs.engine.execution import Execution, Pause
 from radixjobs.engine.leases import DEFAULT_LEASE_S, LeaseKeeper
 from radixjobs.engine.nodes import register_node
 from radixjobs.engine.planning import CRON_DUE, plan_cron
 from radixjobs.engine.principals import PrincipalPools
 from radixjobs.engine.slots import Slots
+from radixjobs.engine.ticks import (
+    FIND_BATCH,
+    FIND_TICKS,
+    HORIZON_MS,
+    Tick,
+    TickQueue,
+    node_hex,
+)
 from radixjobs.fairness import principal_cap
 
 if TYPE_CHECKING:
@@ -60,21 +68,21 @@ NEXT_DUE_IN = "radix.next_due_in(%s::pg_catalog.int4)"
 # After a claim, in its round trip: seconds until the next due tick, and whether cron ticks await planning.
 AFTER_CLAIM = "SELECT " + NEXT_DUE_IN + ", " + CRON_DUE
 NEXT_DUE = "SELECT " + NEXT_DUE_IN
+# After a find of ticks, in its round trip: seconds until the next due tick, and whether the lease path has
+# work (radix.lease_work_due, or cron ticks awaiting planning).
+AFTER_FIND = "SELECT " + NEXT_DUE_IN + ", radix.lease_work_due(%s::pg_catalog.text) OR " + CRON_DUE
 
 # The fixed set of counters an engine reports (status and metrics never grow with jobs or errors).
 COUNTER_KEYS = ("claims", "successes", "retries", "coalesced_ticks", "lease_recoveries", "leases_lost",
                 "terminations", *(f"failures_{c}" for c in retry.Category))
 
-# Test hook: awaited at "claimed" (before the attempt) and "executed" (before finalisation), so crash
-# tests can kill the process at exactly those points.
-Pause = Callable[[str], Awaitable[None]]
 
 
 def default_node_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-class Engine:
+class Engine(Execution):
     """Runs due work of one database. ``async with Engine(dsn) as e: await e.run_due()``."""
 
     def __init__(self, dsn: str, *, node_id: str | None = None, concurrency: int = 8,
@@ -108,6 +116,12 @@ class Engine:
         self._leases: set[uuid.UUID] = set()  # tokens of this engine's claims in progress
         self._lease_keeper = LeaseKeeper(self._pool, self.node_id, lease_s, lambda: set(self._leases),
                                          self._lose)
+        self._queue = TickQueue()  # ticks found, not started (engine/ticks.py)
+        self._ticking: dict[uuid.UUID, Tick] = {}  # ticks running here, by job
+        self._ticking_by: Counter[int] = Counter()  # … and by principal (oid)
+        self._lease_due = True  # the lease path may have work (radix.lease_work_due): claim_due's turn
+        self._find_now = False  # a notification came: find ticks even if some are queued
+        self._node_hex = node_hex(self.node_id)
 
     async def __aenter__(self) -> Engine:
         await self.start()
@@ -203,11 +217,15 @@ class Engine:
         self._due = None if row is None or row[0] is None else (max(0.0, float(row[0])), time.monotonic())
 
     def due_in(self) -> float | None:
-        """Seconds until the earliest due tick as of the last claim (or next_due_in), without a query."""
+        """Seconds until the earliest due tick as of the last find or claim (or next_due_in), without a
+        query; while ticks are queued, until the first of them may start (None: all wait for a cap)."""
+        now = time.monotonic()
+        if len(self._queue):
+            return self._queue.next_due_in(self._ticking_by, self.max_per_principal, now)
         if self._due is None:
             return None
         seconds, measured = self._due
-        return max(0.0, seconds - (time.monotonic() - measured))
+        return max(0.0, seconds - (now - measured))
 
     @property
     def has_free_slot(self) -> bool:
@@ -219,10 +237,32 @@ class Engine:
         return len(self._running)
 
     async def dispatch_due(self) -> int:
-        """Claim as many due ticks as there are free slots and start them; returns how many started."""
+        """Start due work in the free slots; returns how many attempts started. Ticks come from the queue,
+        found again when it is empty or stale (one round trip, which also says whether the lease path has
+        work); then, when it has, claim_due for the lease path (non-atomic and cron jobs, requests, resumed
+        claims)."""
         self.claim_filled = False
         if self.stopping:
             return 0
+        started = self._start_ticks()
+        if self._free_slots() > 0 and (self._find_now or not len(self._queue)
+                                       or self._queue.stale(time.monotonic())):
+            await self._find_ticks()
+            started += self._start_ticks()
+        if self._lease_due and self._free_slots() > 0:
+            started += await self._dispatch_claims()
+        self.claim_filled = self.claim_filled or (self._queue.full and not len(self._queue))
+        return started
+
+    def poke(self) -> None:
+        """A notification came (a job made or changed): the next dispatch finds ticks afresh."""
+        self._find_now = True
+
+    def _free_slots(self) -> int:
+        return min(self._slots.free, self._shared.free)
+
+    async def _dispatch_claims(self) -> int:
+        """The lease path: claim as many due ticks as there are free slots and start them."""
         wanted = self._slots.reserve(min(self._slots.free, self._shared.free, CLAIM_BATCH))
         granted = self._shared.reserve(wanted)
         self._slots.release(wanted - granted)
@@ -237,12 +277,57 @@ class Engine:
         self._slots.release(granted - len(claims))
         self._shared.release(granted - len(claims))
         self.claim_filled = len(claims) == granted
+        self._lease_due = self.claim_filled
         for claim in claims:
             self._leases.add(claim.lease_token)
-            task = asyncio.create_task(self._run_claim(claim))
-            self._running.add(task)
-            task.add_done_callback(self._attempt_done)
+            self._spawn(self._run_claim(claim))
         return len(claims)
+
+    def _spawn(self, attempt: Awaitable[None]) -> None:
+        task = asyncio.ensure_future(attempt)
+        self._running.add(task)
+        task.add_done_callback(self._attempt_done)
+
+    async def _find_ticks(self) -> None:
+        """Find due ticks (and those due within HORIZON_MS) in place of the queued ones; one round trip,
+        plus one to load the definitions this engine lacks."""
+        self._find_now = False
+        began = time.monotonic()
+        async with self._pool.connection() as conn:
+            async with conn.pipeline():
+                cur = await conn.execute(FIND_TICKS, (self.node_id, FIND_BATCH, HORIZON_MS, list(self._ticking),
+                                                      self._principals.backend_pids()))
+                after_cur = await conn.execute(AFTER_FIND, (self.max_per_principal, self.node_id))
+            now = time.monotonic()
+            ticks = [Tick.from_row(row, now) for row in await cur.fetchall()]
+            after = await after_cur.fetchone()
+            missing = {t.job_id for t in ticks if self._definitions.get((t.job_id, t.definition_version)) is None}
+            if missing:
+                async with conn.cursor(row_factory=dict_row) as dcur:
+                    await dcur.execute(LOAD_DEFINITIONS, (list(missing),))
+                    for row in await dcur.fetchall():
+                        self._definitions.put(definition_from_row(row))
+        self._note_due(after)
+        self._lease_due = self._lease_due or bool(after and after[1])
+        self._queue.replace(ticks, FIND_BATCH, now)
+        if self.observer is not None:
+            self.observer.claimed(time.monotonic() - began)
+
+    def _start_ticks(self) -> int:
+        """Start the queued ticks that are due, as far as free slots and the principals' caps allow."""
+        free = self._free_slots()
+        if free <= 0 or not len(self._queue):
+            return 0
+        ticks = self._queue.take(free, self._ticking_by, self.max_per_principal, time.monotonic())
+        for tick in ticks:
+            self._slots.reserve(1)
+            self._shared.reserve(1)
+            self._ticking[tick.job_id] = tick
+            self._ticking_by[tick.principal] += 1
+            self.counters["claims"] += 1
+            self.counters["coalesced_ticks"] += tick.coalesced
+            self._spawn(self._run_tick(tick))
+        return len(ticks)
 
     def _attempt_done(self, task: asyncio.Task[None]) -> None:
         self._running.discard(task)
@@ -283,121 +368,6 @@ class Engine:
         return total
 
     # -- one attempt -----------------------------------------------------------------------------
-    async def _run_claim(self, claim: Claim) -> None:
-        try:
-            await self._run_claimed(claim)
-        finally:
-            self._leases.discard(claim.lease_token)
-
-    def _lose(self, token: uuid.UUID) -> None:
-        """Lease renewal found this claim's lease gone: end its attempt (it could not finalise)."""
-        self._runner.lose(token)
-
-    async def _run_claimed(self, claim: Claim) -> None:
-        job = await self._definition(claim.job_id, claim.definition_version)
-        if job is None:  # dropped or altered since the claim: the lease is fenced anyway
-            return
-        next_planned = job.next_planned_after(claim.planned_ns, claim.anchor_ns)
-        started = time.monotonic()
-        if log.isEnabledFor(logging.DEBUG):  # one line per attempt at info: its end (docs/daemon.md#logs)
-            log.debug("attempt start job=%s tick=%s attempt=%s node=%s", job.name, claim.planned_ns,
-                      claim.attempt, self.node_id, extra={"fields": {"job": job.name, "tick": claim.planned_ns,
-                                                                     "attempt": claim.attempt,
-                                                                     "node": self.node_id}})
-        if self._pause:
-            await self._pause("claimed")
-        result = await self._execute(job, claim, next_planned)
-        if self.observer is not None:
-            self.observer.attempt(job, claim, result, started, self._principals)
-        if log.isEnabledFor(logging.INFO):
-            duration_ms = round((time.monotonic() - started) * 1000, 1)
-            fields = {"job": job.name, "tick": claim.planned_ns, "attempt": claim.attempt, "node": self.node_id,
-                      "duration_ms": duration_ms, "outcome": result}
-            log.info("attempt finish job=%s tick=%s attempt=%s node=%s duration_ms=%s outcome=%s", job.name,
-                     claim.planned_ns, claim.attempt, self.node_id, duration_ms, result, extra={"fields": fields})
-
-    async def _execute(self, job: JobDefinition, claim: Claim, next_planned: int | None) -> str:
-        """Run the attempt as its principal, then record its outcome; returns what _finalise does.
-
-        The principal's connection is held until the outcome is recorded: the attempt's query carried the
-        MAC of the claim's token for that backend, good there while the token lives (engine/attempt.py),
-        and recording the outcome ends the token. A connection whose attempt could not be recorded is
-        closed, never reused for another attempt."""
-        if job.call is None:
-            return await self._executed(job, claim, next_planned, Outcome(
-                False, True, False, sqlstate="42883", message="procedure no longer exists"))
-        async with contextlib.AsyncExitStack() as stack:
-            try:
-                conn = await stack.enter_async_context(self._principals.connection(job.principal))
-            except psycopg.OperationalError as exc:  # could not log in as the principal
-                return await self._executed(job, claim, next_planned, Outcome(
-                    False, not job.non_atomic, False, sqlstate=exc.sqlstate, message=first_line(exc),
-                    connection_lost=True))
-            outcome = await self._runner.run(conn, job, claim, next_planned, self.cancel,
-                                             self._principals.session_key(conn))
-            if outcome.cleaned:
-                self._principals.mark_clean(conn)
-            try:
-                return await self._executed(job, claim, next_planned, outcome)
-            except BaseException:
-                await conn.close()
-                raise
-        raise AssertionError("unreachable")  # pragma: no cover (mypy: the exit stack swallows nothing)
-
-    async def _executed(self, job: JobDefinition, claim: Claim, next_planned: int | None,
-                        outcome: Outcome) -> str:
-        if self._pause:
-            await self._pause("executed")
-        return await self._finalise(job, claim, next_planned, outcome)
-
-    async def _finalise(self, job: JobDefinition, claim: Claim, next_planned: int | None,
-                        outcome: Outcome) -> str:
-        """Record the outcome (fenced); returns succeeded / retrying / failed (by category)."""
-        if outcome.in_doubt and await self._committed(claim):
-            outcome = Outcome(succeeded=True, atomic=True, finalised=True)
-        if outcome.succeeded:
-            self.counters["successes"] += 1
-            if not outcome.finalised:
-                await self._finish(claim, "succeeded", None, 0, next_planned, outcome)
-            return "succeeded"
-        cause = retry.classify(outcome.sqlstate, outcome.message, deadline_expired=outcome.deadline_expired,
-                               cancel_requested=outcome.cancel_requested,
-                               connection_lost=outcome.connection_lost)
-        failure = retry.attempt_failure(cause, sqlstate=outcome.sqlstate, message=outcome.message,
-                                        job_id=claim.job_id, attempt=claim.attempt,
-                                        planned_at_ns=claim.planned_ns, idempotency_key=claim.idempotency_key)
-        decision = retry.decide(claim.attempt, cause, job.max_attempts)
-        self.counters[f"failures_{cause.category}"] += 1
-        self.last_error = failure.to_json()
-        if decision.retry:
-            self.counters["retries"] += 1
-        await self._finish(claim, "retrying" if decision.retry else "failed", failure.to_json(),
-                           decision.delay_ns, next_planned, outcome)
-        return f"{'retrying' if decision.retry else 'failed'}:{cause.category}"
-
-    async def _finish(self, claim: Claim, status: str, error: dict[str, Any] | None, delay_ns: int,
-                      next_planned: int | None, outcome: Outcome) -> None:
-        async with self._pool.connection() as conn:
-            cur = await conn.execute(
-                "SELECT radix.finish_attempt(%s, %s, %s, %s, %s, %s, %s, %s)",
-                (claim.job_id, claim.lease_token, status, Jsonb(error) if error else None,
-                 delay_ns, next_planned, outcome.atomic, outcome.became_non_atomic))
-            row = await cur.fetchone()
-        if not (row and row[0]):
-            self.counters["leases_lost"] += 1
-            log.warning("lease lost job=%s tick=%s attempt=%s node=%s", claim.job_id, claim.planned_ns,
-                        claim.attempt, self.node_id)
-
-    async def _committed(self, claim: Claim) -> bool:
-        """Did an in-doubt atomic COMMIT land? Its marker says so in the history."""
-        async with self._pool.connection() as conn:
-            cur = await conn.execute(
-                "SELECT EXISTS (SELECT 1 FROM radix.radix_system_job_history WHERE job_id = %s "
-                "AND planned_ns = %s AND attempt = %s AND status = 'succeeded')",
-                (claim.job_id, claim.planned_ns, claim.attempt))
-            row = await cur.fetchone()
-        return bool(row and row[0])
-
     async def _definition(self, job_id: uuid.UUID, version: int) -> JobDefinition | None:
         """The definition a claim runs under (cached, bounded: least recently used dropped first); None
         when the job was dropped."""

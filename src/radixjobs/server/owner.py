@@ -169,6 +169,8 @@ class DatabaseOwner:
 
     async def _listen(self, listener: psycopg.AsyncConnection[Any]) -> None:
         async for _ in listener.notifies():
+            if self.engine is not None:
+                self.engine.poke()
             self.wake.set()
 
     async def _drop_engine(self) -> None:

@@ -1,0 +1,143 @@
+"""The one-transaction tick (0013_one_transaction_tick.sql): found without a claim, run and recorded in one
+transaction on the principal's connection.
+
+Invariants:
+- The finder (radix.find_ticks, on the scheduler's own connection) writes no tuple: a tick found is not a
+  claim. It may be found by two nodes; the tick lock that radix.begin_tick takes lets one run it, and the
+  other's query ends at once with RXT01 (nothing happened, nothing is recorded).
+- A found tick is queued here until a slot is free, its principal is under its cap and its time has come
+  (ticks due within ``HORIZON_MS`` are found ahead and started at their due time): ``TickQueue``. A queued
+  tick is not in progress anywhere: the queue is only this node's plan, and a tick found stale when it
+  starts (ALTER JOB, another node ran it) ends with RXT01 like one run elsewhere.
+- The query text carries no token, only its MAC for the backend (engine/attempt.py, ``attempt_mac``), and
+  the node id hex-encoded: nothing in it is a quoted value a principal's settings could reinterpret.
+- A tick that does not commit leaves the state untouched; the engine then records it as a lease of that
+  very tick (radix.claim_tick) and finishes it on the lease path, or publishes a long one as a lease while
+  it runs (``PUBLISH_AFTER_S``), so the operator sees it running and ALTER JOB can fence it.
+"""
+
+from __future__ import annotations
+
+import collections
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from radixjobs.engine.attempt import attempt_mac
+from radixjobs.engine.principals import clean_statement
+
+# Ticks found per round trip: ahead of the free slots, so a backlog is not found one tick at a time.
+FIND_BATCH = 64
+# Ticks due within this many milliseconds are found ahead and started at their due time.
+HORIZON_MS = 50
+# Found ticks older than this are found again (their order among principals may have changed).
+QUEUE_TTL_S = 0.5
+# A tick still running after this long is published as a lease (visible, renewed, fenced).
+PUBLISH_AFTER_S = 1.0
+
+
+FIND_TICKS = ("SELECT * FROM radix.find_ticks(%s::pg_catalog.text, %s::pg_catalog.int4, %s::pg_catalog.int4, "
+              "%s::pg_catalog.uuid[], %s::pg_catalog.int4[])")
+CLAIM_TICK = ("SELECT * FROM radix.claim_tick(%s::pg_catalog.text, %s::pg_catalog.uuid, %s::pg_catalog.int8, "
+              "%s::pg_catalog.uuid, %s::pg_catalog.int4, %s::pg_catalog.bool)")
+RECORD_LOST_TICK = ("SELECT radix.record_lost_tick(%s::pg_catalog.text, %s::pg_catalog.uuid, %s::pg_catalog.int8, "
+                    "%s::pg_catalog.int4, %s::pg_catalog.timestamptz)")
+
+# Every value is a quoted literal of digits, hex or a UUID with an explicit cast (as engine/attempt.py).
+BEGIN_TICK = ("SELECT pg_catalog.set_config('statement_timeout', '{ms}'::pg_catalog.text, true), "
+              "radix.begin_tick('{job}'::pg_catalog.uuid, '{planned}'::pg_catalog.int8, '{mac}'::pg_catalog.text); ")
+END_TICK = ("; SELECT radix.end_tick('{job}'::pg_catalog.uuid, '{mac}'::pg_catalog.text, {next}::pg_catalog.int8, "
+            "'{node}'::pg_catalog.text)")
+
+
+@dataclass(frozen=True)
+class Tick:
+    """One tick as radix.find_ticks returned it; ``due_at`` on this process's monotonic clock."""
+
+    job_id: uuid.UUID
+    definition_version: int
+    planned_ns: int
+    attempt: int
+    coalesced: int
+    anchor_ns: int
+    due_at: float
+    token: uuid.UUID
+    principal: int
+    elsewhere: int
+
+    @classmethod
+    def from_row(cls, row: tuple[Any, ...], now: float) -> Tick:
+        job_id, version, planned, attempt, coalesced, anchor, due_in_ms, token, principal, elsewhere = row
+        return cls(job_id, int(version), int(planned), int(attempt), int(coalesced), int(anchor),
+                   now + float(due_in_ms) / 1000, token, int(principal), int(elsewhere))
+
+
+def tick_query(call: bytes, tick: Tick, deadline_ms: int, next_planned_ns: int | None, session_key: bytes,
+               node_hex: str) -> bytes:
+    """The tick as one simple query: BEGIN, begin_tick, the CALL (a DO block), end_tick, COMMIT, and then
+    the connection's clean, which runs only if the tick committed."""
+    mac = attempt_mac(session_key, tick.token)
+    following = "NULL" if next_planned_ns is None else f"'{int(next_planned_ns)}'"
+    begin = BEGIN_TICK.format(ms=int(deadline_ms), job=tick.job_id, planned=int(tick.planned_ns), mac=mac)
+    end = END_TICK.format(job=tick.job_id, mac=mac, next=following, node=node_hex)
+    return b"".join((b"BEGIN; ", begin.encode(), call, end.encode(), b"; COMMIT; ", clean_statement()))
+
+
+class TickQueue:
+    """Ticks found and not started, per principal in due order. A find replaces them all: the finder
+    skips only the ticks running here, so the queued ones come back in its newest order when still due."""
+
+    def __init__(self) -> None:
+        self._queued: dict[int, collections.deque[Tick]] = {}
+        self._elsewhere: dict[int, int] = {}
+        self.found_at = 0.0
+        self.full = False  # the last find returned all it was asked for: more may be due
+
+    def __len__(self) -> int:
+        return sum(len(q) for q in self._queued.values())
+
+    def replace(self, ticks: Iterable[Tick], asked: int, now: float) -> int:
+        """Queue a find's ticks in place of the ones queued; returns how many."""
+        self._queued.clear()
+        self._elsewhere.clear()
+        found = 0
+        for tick in ticks:
+            self._queued.setdefault(tick.principal, collections.deque()).append(tick)
+            self._elsewhere[tick.principal] = tick.elsewhere
+            found += 1
+        self.found_at = now
+        self.full = found >= asked
+        return found
+
+    def stale(self, now: float) -> bool:
+        return now - self.found_at > QUEUE_TTL_S
+
+    def take(self, free: int, running: dict[int, int], cap: int, now: float) -> list[Tick]:
+        """Up to ``free`` ticks due by ``now``, dealt one at a time to the principal with the fewest
+        attempts running (here and elsewhere), oldest due tick first among equals, never past ``cap``
+        (0: no cap)."""
+        taken: list[Tick] = []
+        counts = {p: running.get(p, 0) + self._elsewhere.get(p, 0) for p in self._queued}
+        while len(taken) < free:
+            ready = [p for p, q in self._queued.items()
+                     if q and q[0].due_at <= now and (cap <= 0 or counts[p] < cap)]
+            if not ready:
+                break
+            principal = min(ready, key=lambda p: (counts[p], self._queued[p][0].due_at))
+            taken.append(self._queued[principal].popleft())
+            counts[principal] += 1
+        for principal in [p for p, q in self._queued.items() if not q]:
+            del self._queued[principal]
+        return taken
+
+    def next_due_in(self, running: dict[int, int], cap: int, now: float) -> float | None:
+        """Seconds until a queued tick could start as far as time and caps go (None: none could)."""
+        dues = [q[0].due_at for p, q in self._queued.items()
+                if q and (cap <= 0 or running.get(p, 0) + self._elsewhere.get(p, 0) < cap)]
+        return max(0.0, min(dues) - now) if dues else None
+
+
+def node_hex(node_id: str) -> str:
+    return node_id.encode("utf-8").hex()
+

@@ -1,0 +1,145 @@
+"""The one-transaction tick through the engine (0013_one_transaction_tick.sql, engine/ticks.py): written
+once, run once when two engines find it, published as a lease when it runs long, fenced by ALTER JOB,
+failures and procedures that commit inside recorded on the lease path, requests queued behind it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+
+from radixjobs import catalog
+from tests.apps import App
+from tests.security.test_attempt_mac import Background
+from tests.support import wait_for
+
+LOCK = 86422
+
+
+@pytest.fixture
+def held(app: App) -> Iterator[psycopg.Connection[Any]]:
+    conn = psycopg.connect(app.dsn, autocommit=True)
+    conn.execute("SELECT pg_advisory_lock(%s)", (LOCK,))
+    yield conn
+    conn.close()
+
+
+def _waits(app: App) -> None:
+    app.conn.execute(f"CREATE PROCEDURE app.waits() LANGUAGE plpgsql AS $$ BEGIN "
+                     f"PERFORM pg_advisory_xact_lock({LOCK}); CALL app.record('ran'); END $$".encode())
+
+
+def _history_statuses(app: App, name: str) -> list[str]:
+    return [h["status"] for h in app.history(name)]
+
+
+def test_a_tick_writes_one_history_row_and_no_claim(app: App) -> None:
+    name = app.job("CREATE JOB app.once SCHEDULE AT TIMESTAMP '2020-01-01' RUN AS {p} CALL app.record('x')")
+    engine = app.run()
+    assert engine.counters["successes"] == 1
+    (h,) = app.history(name)
+    assert (h["status"], h["atomic"], h["attempt"]) == ("succeeded", True, 1)
+    assert h["started_at"] <= h["finished_at"]
+    state = app.state(name)
+    assert state["status"] == "complete"
+    row = app.conn.execute("SELECT lease_token, lease_node FROM radix.radix_system_job_state").fetchone()
+    assert row == (None, None)  # never leased
+    assert [e[1] for e in app.effects()] == ["x"]
+
+
+def test_two_engines_run_each_tick_once(app: App) -> None:
+    names = [app.job(f"CREATE JOB app.e{i} SCHEDULE EVERY INTERVAL '1 hour' RUN AS {{p}} CALL app.record('e{i}')")
+             for i in range(12)]
+    for name in names:
+        app.make_due(name)
+    with Background(app.dsn, concurrency=4, node_id="one"), Background(app.dsn, concurrency=4, node_id="two"):
+        wait_for(lambda: all(_history_statuses(app, n) == ["succeeded"] for n in names), timeout=60)
+    tags = sorted(e[1] for e in app.effects())
+    assert tags == sorted(f"e{i}" for i in range(12))  # each tick once
+
+
+def test_a_long_tick_is_published_as_a_lease_and_fenced_by_alter(app: App, held: psycopg.Connection[Any]) -> None:
+    _waits(app)
+    name = app.job("CREATE JOB app.long SCHEDULE EVERY INTERVAL '1 hour' RUN AS {p} CALL app.waits()")
+    app.make_due(name)
+    with Background(app.dsn, concurrency=1, node_id="pub", lease_s=3):  # renewed (and found lost) every second
+        # after a second it shows as running, leased to its node, with a running history row
+        wait_for(lambda: app.state(name)["status"] == "running", timeout=30)
+        assert app.state(name)["lease_node"] == "pub"
+        assert _history_statuses(app, name) == ["running"]
+        # ALTER JOB re-arms the job: the published lease is gone, the tick is ended and rolls back
+        catalog.execute_job_ddl(app.conn, "ALTER JOB app.long SET SCHEDULE EVERY INTERVAL '2 hours'")
+        with psycopg.connect(app.dsn, autocommit=True) as spy:
+            wait_for(lambda: spy.execute("SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND objid = %s "
+                                         "AND NOT granted", (LOCK,)).fetchone() is None, timeout=30)
+    assert app.effects() == []
+    assert app.state(name)["interval_ns"] == 2 * 3600 * 10**9
+
+
+def test_a_published_tick_that_ends_is_recorded_once(app: App, held: psycopg.Connection[Any]) -> None:
+    _waits(app)
+    name = app.job("CREATE JOB app.slow SCHEDULE AT TIMESTAMP '2020-01-01' RUN AS {p} CALL app.waits()")
+    with Background(app.dsn, concurrency=1):
+        wait_for(lambda: app.state(name)["status"] == "running", timeout=30)
+        held.execute("SELECT pg_advisory_unlock(%s)", (LOCK,))
+        wait_for(lambda: app.state(name)["status"] == "complete", timeout=30)
+    (h,) = app.history(name)
+    assert (h["status"], h["atomic"]) == ("succeeded", True)
+    assert [e[1] for e in app.effects()] == ["ran"]
+
+
+def test_a_failed_tick_is_recorded_and_retried(app: App) -> None:
+    app.conn.execute("CREATE TABLE app.tries (n int); GRANT INSERT, SELECT ON app.tries TO " + app.principal)
+    app.conn.execute("""CREATE PROCEDURE app.flaky() LANGUAGE plpgsql AS $$ BEGIN
+        IF (SELECT count(*) FROM app.tries) = 0 THEN
+            RAISE EXCEPTION 'first try fails' USING ERRCODE = '40001';
+        END IF;
+        CALL app.record('ok');
+    END $$""")
+    app.conn.execute(f"GRANT SELECT ON app.tries TO {app.principal}")
+    name = app.job("CREATE JOB app.flaky SCHEDULE AT TIMESTAMP '2020-01-01' RUN AS {p} CALL app.flaky()")
+    app.run()
+    (h,) = app.history(name)
+    assert (h["status"], h["attempt"]) == ("retrying", 1)
+    assert app.state(name)["status"] == "retry_wait"
+    app.conn.execute("INSERT INTO app.tries VALUES (1)")
+    app.make_due(name)
+    app.run()
+    assert _history_statuses(app, name) == ["retrying", "succeeded"]
+    assert [h["attempt"] for h in app.history(name)] == [1, 2]
+    assert [e[1] for e in app.effects()] == ["ok"]
+
+
+def test_a_procedure_that_commits_inside_runs_once_on_the_lease_path(app: App) -> None:
+    app.conn.execute("""CREATE PROCEDURE app.commits() LANGUAGE plpgsql AS $$ BEGIN
+        CALL app.record('c'); COMMIT;
+    END $$""")
+    name = app.job("CREATE JOB app.commits SCHEDULE EVERY INTERVAL '1 hour' RUN AS {p} CALL app.commits()")
+    app.make_due(name)
+    app.run()
+    (h,) = app.history(name)
+    assert (h["status"], h["atomic"]) == ("succeeded", False)
+    assert app.state(name)["non_atomic"] is True
+    assert [e[1] for e in app.effects()] == ["c"]
+    # its later ticks take the lease path at once
+    row = app.conn.execute("SELECT via_lease FROM radix.radix_system_job_state").fetchone()
+    assert row == (True,)
+
+
+def test_run_job_during_a_tick_waits_for_it(app: App, held: psycopg.Connection[Any]) -> None:
+    _waits(app)
+    name = app.job("CREATE JOB app.req SCHEDULE EVERY INTERVAL '1 hour' RUN AS {p} CALL app.waits()")
+    app.make_due(name)
+    with Background(app.dsn, concurrency=1):
+        with psycopg.connect(app.dsn, autocommit=True) as spy:
+            wait_for(lambda: spy.execute("SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND objid = %s "
+                                         "AND NOT granted", (LOCK,)).fetchone() is not None)
+        catalog.run_job(app.conn, name)  # does not wait for the tick, nor roll it back
+        assert app.conn.execute("SELECT count(*) FROM radix.job_requests").fetchone() == (1,)
+        held.execute("SELECT pg_advisory_unlock(%s)", (LOCK,))
+        wait_for(lambda: _history_statuses(app, name).count("succeeded") == 2, timeout=60)
+    kinds = [h["run_kind"] for h in app.history(name)]
+    assert kinds == ["schedule", "run"]
+    assert [e[1] for e in app.effects()] == ["ran", "ran"]
