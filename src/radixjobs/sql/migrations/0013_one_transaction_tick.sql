@@ -236,21 +236,21 @@ $$;
 
 -- -- the tick --------------------------------------------------------------------------------------------
 
--- Start the tick `planned_ns` of `job` on this backend: the tick lock, then the state as the finder saw
--- it (the MAC of its token), the same checks as begin_atomic (in the same order, same SQLSTATEs), the frame.
+-- Start the tick `planned_ns` of `job` on this backend: in one statement the tick lock and the state as the
+-- finder saw it (the MAC of its token), then the same checks as begin_atomic (in the same order, same
+-- SQLSTATEs), then the frame. The state is read in the statement that takes the lock (READ COMMITTED
+-- re-checks a row it had to wait for; SKIP LOCKED never waits), so it is never older than the lock.
 -- RXT01: the tick is not this backend's to run (run elsewhere, changed, or no longer due): nothing happened.
 CREATE FUNCTION radix.begin_tick(job uuid, planned_ns bigint, mac text) RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+-- key lookups whatever the values: a custom plan per call would re-plan every statement of every tick
+SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
     started timestamptz := (SELECT a.backend_start FROM pg_stat_get_activity(pg_backend_pid()) a);
     c record;
 BEGIN
-    PERFORM FROM radix.tick_locks t WHERE t.job_id = job FOR UPDATE SKIP LOCKED;
-    IF NOT FOUND THEN
-        RAISE EXCEPTION 'the tick is being run by another session' USING ERRCODE = 'RXT01';
-    END IF;
     SELECT s.attempt, j.procedure_signature, x.token,
            CASE
                WHEN (SELECT r.oid FROM pg_roles r WHERE r.rolname = session_user)
@@ -272,6 +272,7 @@ BEGIN
            END AS refused
     INTO c
     FROM radix.radix_system_job_state s
+    JOIN radix.tick_locks t ON t.job_id = s.job_id
     JOIN radix.jobs j ON j.job_id = s.job_id
     LEFT JOIN pg_proc p ON p.oid = j.procedure_oid AND p.prokind = 'p'
                        AND p.oid::regprocedure::text = j.procedure_signature
@@ -284,11 +285,14 @@ BEGIN
       AND NOT s.via_lease AND s.due_ns <= radix.to_ns(clock_timestamp())
       AND encode(sha256(sha256(k.secret || int4send(pg_backend_pid()) || timestamptz_send(started))
                         || uuid_send(x.token)), 'hex') = mac
-    -- as begin_atomic: radix.claim_due (FOR UPDATE ... SKIP LOCKED) passes the row by while the tick runs,
-    -- and ALTER JOB (a plain UPDATE) does not wait for it
+    -- the tick lock, skipped when another session holds it; and as begin_atomic, the state row FOR KEY SHARE:
+    -- radix.claim_due (FOR UPDATE ... SKIP LOCKED) passes the row by while the tick runs, and ALTER JOB (a
+    -- plain UPDATE) does not wait for it
+    FOR UPDATE OF t SKIP LOCKED
     FOR KEY SHARE OF s;
     IF NOT FOUND THEN
-        RAISE EXCEPTION 'the tick is no longer due as it was found' USING ERRCODE = 'RXT01';
+        RAISE EXCEPTION 'the tick is not this session''s to run: run elsewhere, or changed since it was found'
+            USING ERRCODE = 'RXT01';
     ELSIF c.refused = 1 THEN
         RAISE EXCEPTION 'permission denied: the attempt is not logged in as its principal'
             USING ERRCODE = '42501';
@@ -316,6 +320,8 @@ END $$;
 CREATE FUNCTION radix.end_tick(job uuid, mac text, next_planned_ns bigint, node text) RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+-- key lookups whatever the values: a custom plan per call would re-plan every statement of every tick
+SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
     f record;
