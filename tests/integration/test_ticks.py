@@ -87,6 +87,8 @@ def test_a_published_tick_that_ends_is_recorded_once(app: App, held: psycopg.Con
         wait_for(lambda: app.state(name)["status"] == "complete", timeout=30)
     (h,) = app.history(name)
     assert (h["status"], h["atomic"]) == ("succeeded", True)
+    # its start is the tick's, not the publication's a second later
+    assert (h["finished_at"] - h["started_at"]).total_seconds() >= 1.0
     assert [e[1] for e in app.effects()] == ["ran"]
 
 

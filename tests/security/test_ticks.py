@@ -134,7 +134,7 @@ def test_a_tick_mac_replayed_after_the_tick_failed_is_refused(app: App, held: ps
 
 @pytest.mark.parametrize("statement", [
     "SELECT * FROM radix.find_ticks('n', 10, 0, '{}', '{}')",
-    "SELECT * FROM radix.claim_tick('n', gen_random_uuid(), 0, gen_random_uuid(), 300, true)",
+    "SELECT * FROM radix.claim_tick('n', gen_random_uuid(), 0, gen_random_uuid(), 300, true, now())",
     "SELECT radix.lease_work_due('n')",
     "SELECT radix._tick_token(gen_random_uuid(), 0, 0, now())",
     "SELECT * FROM radix.tick_locks FOR UPDATE",

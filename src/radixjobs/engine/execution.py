@@ -145,11 +145,11 @@ class Execution:
                 return None if leased is None else await self._executed(job, leased, next_planned, failed)
             published: list[Claim] = []
             publishing: list[asyncio.Task[None]] = []
-            timer = asyncio.get_running_loop().call_later(
-                PUBLISH_AFTER_S, lambda: publishing.append(asyncio.create_task(self._publish(conn, tick, published))))
+            started = datetime.datetime.now(datetime.UTC)
+            timer = asyncio.get_running_loop().call_later(PUBLISH_AFTER_S, lambda: publishing.append(
+                asyncio.create_task(self._publish(conn, tick, published, started))))
             query = tick_query(job.call, tick, job.deadline_ms, next_planned, self._principals.session_key(conn),
                                self._node_hex)
-            started = datetime.datetime.now(datetime.UTC)
             try:
                 outcome = await self._runner.run(conn, job, claim, next_planned, self.cancel,
                                                  self._principals.session_key(conn), query)
@@ -182,7 +182,7 @@ class Execution:
                 await self._pause("executed")
             self.counters["successes"] += 1
             return "succeeded"
-        leased = published[0] if published else await self._claim_tick(tick, publish=False)
+        leased = published[0] if published else await self._claim_tick(tick, publish=False, started=started)
         if leased is None:  # changed under it (ALTER JOB), or taken by another node meanwhile
             await conn.close()
             self.counters["leases_lost"] += 1
@@ -201,12 +201,13 @@ class Execution:
             outcome.became_non_atomic = True
         return await self._executed(job, leased, next_planned, outcome)
 
-    async def _publish(self, conn: psycopg.AsyncConnection[Any], tick: Tick, published: list[Claim]) -> None:
+    async def _publish(self, conn: psycopg.AsyncConnection[Any], tick: Tick, published: list[Claim],
+                       started: datetime.datetime) -> None:
         """The tick has run for PUBLISH_AFTER_S: make it a lease of this node (the state shows it running,
         its lease is renewed and fenced like any other). A tick found changed is ended now: it could not
         commit (ALTER JOB re-armed its job, or DROP JOB ... CASCADE)."""
         try:
-            leased = await self._claim_tick(tick, publish=True)
+            leased = await self._claim_tick(tick, publish=True, started=started)
         except psycopg.Error as exc:
             log.warning("publishing a running tick failed node=%s error=%s", self.node_id, first_line(exc))
             return
@@ -217,11 +218,13 @@ class Execution:
         self._leases.add(leased.lease_token)
         self._runner.hold(conn, leased.lease_token)
 
-    async def _claim_tick(self, tick: Tick, *, publish: bool) -> Claim | None:
-        """The tick as a lease of this node (radix.claim_tick), or None when it is no longer as found."""
+    async def _claim_tick(self, tick: Tick, *, publish: bool,
+                          started: datetime.datetime | None = None) -> Claim | None:
+        """The tick as a lease of this node (radix.claim_tick), or None when it is no longer as found;
+        ``started``: when its attempt began."""
         async with self._pool.connection() as conn:
             cur = await conn.execute(CLAIM_TICK, (self.node_id, tick.job_id, tick.planned_ns, tick.token,
-                                                  self.lease_s, publish))
+                                                  self.lease_s, publish, started))
             row = await cur.fetchone()
         return None if row is None else Claim(*row)
 

@@ -245,8 +245,8 @@ class Engine(Execution):
         if self.stopping:
             return 0
         started = self._start_ticks()
-        if self._free_slots() > 0 and (self._find_now or not len(self._queue)
-                                       or self._queue.stale(time.monotonic())):
+        if self._free_slots() > 0 and (self._find_now or not len(self._queue) or self._queue.stale(
+                time.monotonic(), self._ticking_by, self.max_per_principal)):
             await self._find_ticks()
             started += self._start_ticks()
         if self._lease_due and self._free_slots() > 0:

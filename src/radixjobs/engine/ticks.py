@@ -33,6 +33,9 @@ FIND_BATCH = 64
 HORIZON_MS = 50
 # Found ticks older than this are found again (their order among principals may have changed).
 QUEUE_TTL_S = 0.5
+# A due tick held back only by its principal's attempts on other nodes is looked at again this soon: those
+# counts are as of the find (a node that died frees its share within client_connection_check_interval).
+CAPPED_ELSEWHERE_RECHECK_S = 0.1
 # A tick still running after this long is published as a lease (visible, renewed, fenced).
 PUBLISH_AFTER_S = 1.0
 
@@ -40,7 +43,7 @@ PUBLISH_AFTER_S = 1.0
 FIND_TICKS = ("SELECT * FROM radix.find_ticks(%s::pg_catalog.text, %s::pg_catalog.int4, %s::pg_catalog.int4, "
               "%s::pg_catalog.uuid[], %s::pg_catalog.int4[])")
 CLAIM_TICK = ("SELECT * FROM radix.claim_tick(%s::pg_catalog.text, %s::pg_catalog.uuid, %s::pg_catalog.int8, "
-              "%s::pg_catalog.uuid, %s::pg_catalog.int4, %s::pg_catalog.bool)")
+              "%s::pg_catalog.uuid, %s::pg_catalog.int4, %s::pg_catalog.bool, %s::pg_catalog.timestamptz)")
 RECORD_LOST_TICK = ("SELECT radix.record_lost_tick(%s::pg_catalog.text, %s::pg_catalog.uuid, %s::pg_catalog.int8, "
                     "%s::pg_catalog.int4, %s::pg_catalog.timestamptz)")
 
@@ -110,8 +113,16 @@ class TickQueue:
         self.full = found >= asked
         return found
 
-    def stale(self, now: float) -> bool:
-        return now - self.found_at > QUEUE_TTL_S
+    def stale(self, now: float, running: dict[int, int], cap: int) -> bool:
+        """Should the queued ticks be found again: past QUEUE_TTL_S, or a due one is held back by its
+        principal's attempts elsewhere, whose count may have changed since (CAPPED_ELSEWHERE_RECHECK_S)?"""
+        age = now - self.found_at
+        return age > QUEUE_TTL_S or (age > CAPPED_ELSEWHERE_RECHECK_S and self._capped_elsewhere(running, cap, now))
+
+    def _capped_elsewhere(self, running: dict[int, int], cap: int, now: float) -> bool:
+        return cap > 0 and any(q and q[0].due_at <= now and self._elsewhere.get(p, 0) > 0
+                               and running.get(p, 0) + self._elsewhere[p] >= cap
+                               for p, q in self._queued.items())
 
     def take(self, free: int, running: dict[int, int], cap: int, now: float) -> list[Tick]:
         """Up to ``free`` ticks due by ``now``, dealt one at a time to the principal with the fewest
@@ -132,9 +143,12 @@ class TickQueue:
         return taken
 
     def next_due_in(self, running: dict[int, int], cap: int, now: float) -> float | None:
-        """Seconds until a queued tick could start as far as time and caps go (None: none could)."""
+        """Seconds until a queued tick could start as far as time and caps go, or until ticks held back by
+        attempts elsewhere are looked at again (None: every one waits for an attempt here to end)."""
         dues = [q[0].due_at for p, q in self._queued.items()
                 if q and (cap <= 0 or running.get(p, 0) + self._elsewhere.get(p, 0) < cap)]
+        if self._capped_elsewhere(running, cap, now):
+            dues.append(self.found_at + CAPPED_ELSEWHERE_RECHECK_S)
         return max(0.0, min(dues) - now) if dues else None
 
 

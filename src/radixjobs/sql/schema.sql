@@ -5691,7 +5691,7 @@ BEGIN
         RAISE EXCEPTION 'the claim of this attempt is no longer held' USING ERRCODE = 'RXL01';
     END IF;
     UPDATE radix.radix_system_job_history
-    SET status = 'succeeded', atomic = true, finished_at = clock_timestamp()
+    SET status = 'succeeded', atomic = true, started_at = now(), finished_at = clock_timestamp()
     WHERE job_id = job AND planned_ns = f.planned_ns AND attempt = f.attempt AND status = 'running';
 END $$;
 
@@ -5703,9 +5703,10 @@ GRANT EXECUTE ON FUNCTION radix.begin_tick(uuid, bigint, text), radix.end_tick(u
 -- whose procedure commits inside (2D000), or one running for long (published: the state shows it running,
 -- and its lease is renewed and fenced as any other). Returns claim_due's columns, or no row when the tick
 -- is no longer as found (it ran, was re-armed, or another node took it). A tick another transaction holds
--- is claimed only when `publish` (this node's own tick holds it); otherwise it is left alone.
+-- is claimed only when `publish` (this node's own tick holds it); otherwise it is left alone. `started_at`:
+-- when the tick's attempt began, as the daemon saw it (its history row's start; end_tick corrects it).
 CREATE FUNCTION radix.claim_tick(node text, job uuid, tick_ns bigint, token uuid, lease_seconds integer,
-                                 publish boolean)
+                                 publish boolean, started_at timestamptz)
 RETURNS TABLE (job_id uuid, definition_version bigint, lease_token uuid, planned_ns bigint,
                attempt integer, idempotency_key text, resumed boolean, coalesced bigint, anchor_ns bigint)
 LANGUAGE plpgsql VOLATILE
@@ -5755,7 +5756,7 @@ BEGIN
         INSERT INTO radix.radix_system_job_history
             (job_id, definition_version, planned_ns, attempt, idempotency_key, status, node, run_kind, started_at)
         SELECT c.job_id, c.definition_version, c.planned_ns, c.attempt, c.idempotency_key, 'running', node,
-               'schedule', CASE WHEN publish THEN now() ELSE now_ts END
+               'schedule', least(coalesce(claim_tick.started_at, now_ts), now_ts)
         FROM claimed c
         RETURNING 1
     )
@@ -6022,6 +6023,6 @@ END $$;
 
 REVOKE ALL ON FUNCTION radix._running_elsewhere(text, integer[]),
     radix.find_ticks(text, integer, integer, uuid[], integer[]), radix.lease_work_due(text),
-    radix.claim_tick(text, uuid, bigint, uuid, integer, boolean),
+    radix.claim_tick(text, uuid, bigint, uuid, integer, boolean, timestamptz),
     radix.record_lost_tick(text, uuid, bigint, integer, timestamptz),
     radix.claim_due(text, integer, boolean, integer, integer, boolean) FROM PUBLIC;
