@@ -90,7 +90,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--phase", choices=("aligned", "spread"), default="aligned",
                         help="ticks all due at the same instant (default), or spread over the second "
                              "(procrastinate's cron stays aligned)")
-    parser.add_argument("--concurrency", type=int, default=8, help="jobs at once, every peer (default 8)")
+    parser.add_argument("--concurrency", type=int, default=16,
+                        help="jobs at once, every peer (default 16: the daemon's per database)")
     parser.add_argument("--peers", type=peer_list, default=list(ALL_PEERS),
                         help=f"comma-separated, of {','.join(ALL_PEERS)} (default all)")
     parser.add_argument("--workloads", type=workload_list, default=["burst", "ticks"],

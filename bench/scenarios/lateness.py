@@ -51,7 +51,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seconds", type=float, default=60.0, help="measurement window (default 60)")
     parser.add_argument("--phase", choices=("spread", "aligned"), default="spread",
                         help="ticks spread evenly over the second (default), or all jobs due at the same instant")
-    parser.add_argument("--concurrency", type=int, default=8, help="per-database concurrency (daemon default 8)")
+    parser.add_argument("--concurrency", type=int, default=16, help="per-database concurrency (daemon default 16)")
     parser.add_argument("--down-and-hung-targets", action="store_true",
                         help="serve two more targets beside the database: nothing listening on a free loopback "
                              "port, and a loopback listener that never answers (docs/scaling.md)")

@@ -28,7 +28,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--jobs", type=int, default=10_000, help="one-time jobs to run (default 10000)")
     parser.add_argument("--runner", choices=("serve", "engine"), default="serve",
                         help="radixjobs serve in a subprocess (default), or an Engine in this process")
-    parser.add_argument("--concurrency", type=int, default=8, help="attempts at once (the daemon's default 8)")
+    parser.add_argument("--concurrency", type=int, default=16, help="attempts at once (the daemon's default 16)")
     parser.add_argument("--daemons", type=int, default=1, help="radixjobs serve processes (default 1)")
     parser.add_argument("--event-loop", choices=("asyncio", "uvloop"), default="asyncio",
                         help="serve --event-loop (default asyncio)")

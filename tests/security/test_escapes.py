@@ -82,7 +82,7 @@ LEDGER_WRITES = {
     "end_tick of another job": "PERFORM radix.end_tick('{victim}', md5(random()::text), 0, '41');",
     "find_ticks": "PERFORM * FROM radix.find_ticks('evil', 10, 0, '{{}}', '{{}}');",
     "claim_tick": "PERFORM * FROM radix.claim_tick('evil', '{victim}', 0, gen_random_uuid(), 300, true, now());",
-    "record_lost_tick": "PERFORM radix.record_lost_tick('evil', '{victim}', 0, 1, now());",
+    "record_lost_tick": "PERFORM radix.record_lost_tick('evil', '{victim}', 0, 1, now(), now(), NULL);",
     "lock the tick locks": "PERFORM 1 FROM radix.tick_locks FOR UPDATE;",
     "compute a tick token": "PERFORM radix._tick_token('{victim}', 0, 0, now());",
     "read the attempt secret": "PERFORM secret FROM radix.attempt_secret;",

@@ -46,7 +46,7 @@ if TYPE_CHECKING:
 @click.option("--node-id", default=None, help="This node's id (default host:pid).")
 @click.option("--concurrency", default=32, show_default=True, type=click.IntRange(1, 1024),
               help="Attempts running at once on this node.")
-@click.option("--per-database-concurrency", default=8, show_default=True, type=click.IntRange(1, 1024),
+@click.option("--per-database-concurrency", default=16, show_default=True, type=click.IntRange(1, 1024),
               help="Attempts running at once per database.")
 @click.option("--per-cluster-concurrency", default=None, type=click.IntRange(1, 1024), metavar="N",
               help="Attempts running at once per --dsn target (cluster). [default: --concurrency split evenly "

@@ -182,13 +182,14 @@ class Execution:
                 await self._pause("executed")
             self.counters["successes"] += 1
             return "succeeded"
+        ended = datetime.datetime.now(datetime.UTC)
         leased = published[0] if published else await self._claim_tick(tick, publish=False, started=started)
         if leased is None:  # changed under it (ALTER JOB), or taken by another node meanwhile
             await conn.close()
             self.counters["leases_lost"] += 1
             async with self._pool.connection() as scheduler:
                 await scheduler.execute(RECORD_LOST_TICK, (self.node_id, tick.job_id, tick.planned_ns, tick.attempt,
-                                                           started))
+                                                           started, ended, outcome.sqlstate))
             return "lease_lost"
         if outcome.sqlstate == NON_ATOMIC_SQLSTATE:
             # the procedure commits inside: run it as the lease path does, at-least-once, on this connection

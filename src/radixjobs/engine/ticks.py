@@ -45,7 +45,7 @@ FIND_TICKS = ("SELECT * FROM radix.find_ticks(%s::pg_catalog.text, %s::pg_catalo
 CLAIM_TICK = ("SELECT * FROM radix.claim_tick(%s::pg_catalog.text, %s::pg_catalog.uuid, %s::pg_catalog.int8, "
               "%s::pg_catalog.uuid, %s::pg_catalog.int4, %s::pg_catalog.bool, %s::pg_catalog.timestamptz)")
 RECORD_LOST_TICK = ("SELECT radix.record_lost_tick(%s::pg_catalog.text, %s::pg_catalog.uuid, %s::pg_catalog.int8, "
-                    "%s::pg_catalog.int4, %s::pg_catalog.timestamptz)")
+                    "%s::pg_catalog.int4, %s::pg_catalog.timestamptz, %s::pg_catalog.timestamptz, %s::pg_catalog.text)")
 
 # Every value is a quoted literal of digits, hex or a UUID with an explicit cast (as engine/attempt.py).
 BEGIN_TICK = ("SELECT pg_catalog.set_config('statement_timeout', '{ms}'::pg_catalog.text, true), "

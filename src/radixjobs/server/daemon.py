@@ -39,7 +39,7 @@ class DaemonConfig:
     all_databases: bool = False
     node_id: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}")
     concurrency: int = 32
-    per_database_concurrency: int = 8
+    per_database_concurrency: int = 16
     max_per_principal: int | None = None  # running attempts per principal and database; None: half the above
     grace_s: float = 30.0
     poll_s: float = 1.0

@@ -236,10 +236,11 @@ $$;
 
 -- -- the tick --------------------------------------------------------------------------------------------
 
--- Start the tick `planned_ns` of `job` on this backend: in one statement the tick lock and the state as the
--- finder saw it (the MAC of its token), then the same checks as begin_atomic (in the same order, same
--- SQLSTATEs), then the frame. The state is read in the statement that takes the lock (READ COMMITTED
--- re-checks a row it had to wait for; SKIP LOCKED never waits), so it is never older than the lock.
+-- Start the tick `planned_ns` of `job` on this backend: the tick lock, then the state as the finder saw it
+-- (the MAC of its token), the same checks as begin_atomic (in the same order, same SQLSTATEs), the frame.
+-- The state is read by a statement after the one that took the lock, so its snapshot is newer than the
+-- lock: a tick another node committed just before is seen as committed. (Read in the same statement, the
+-- snapshot could predate that commit, and a row only locked, never updated, is not re-checked.)
 -- RXT01: the tick is not this backend's to run (run elsewhere, changed, or no longer due): nothing happened.
 CREATE FUNCTION radix.begin_tick(job uuid, planned_ns bigint, mac text) RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
@@ -251,6 +252,10 @@ DECLARE
     started timestamptz := (SELECT a.backend_start FROM pg_stat_get_activity(pg_backend_pid()) a);
     c record;
 BEGIN
+    PERFORM FROM radix.tick_locks t WHERE t.job_id = job FOR UPDATE SKIP LOCKED;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'the tick is not this session''s to run: another session runs it' USING ERRCODE = 'RXT01';
+    END IF;
     SELECT s.attempt, j.procedure_signature, x.token,
            CASE
                WHEN (SELECT r.oid FROM pg_roles r WHERE r.rolname = session_user)
@@ -272,7 +277,6 @@ BEGIN
            END AS refused
     INTO c
     FROM radix.radix_system_job_state s
-    JOIN radix.tick_locks t ON t.job_id = s.job_id
     JOIN radix.jobs j ON j.job_id = s.job_id
     LEFT JOIN pg_proc p ON p.oid = j.procedure_oid AND p.prokind = 'p'
                        AND p.oid::regprocedure::text = j.procedure_signature
@@ -285,13 +289,11 @@ BEGIN
       AND NOT s.via_lease AND s.due_ns <= radix.to_ns(clock_timestamp())
       AND encode(sha256(sha256(k.secret || int4send(pg_backend_pid()) || timestamptz_send(started))
                         || uuid_send(x.token)), 'hex') = mac
-    -- the tick lock, skipped when another session holds it; and as begin_atomic, the state row FOR KEY SHARE:
-    -- radix.claim_due (FOR UPDATE ... SKIP LOCKED) passes the row by while the tick runs, and ALTER JOB (a
-    -- plain UPDATE) does not wait for it
-    FOR UPDATE OF t SKIP LOCKED
+    -- as begin_atomic: radix.claim_due (FOR UPDATE ... SKIP LOCKED) passes the row by while the tick runs,
+    -- and ALTER JOB (a plain UPDATE) does not wait for it
     FOR KEY SHARE OF s;
     IF NOT FOUND THEN
-        RAISE EXCEPTION 'the tick is not this session''s to run: run elsewhere, or changed since it was found'
+        RAISE EXCEPTION 'the tick is not this session''s to run: it ran, or changed since it was found'
             USING ERRCODE = 'RXT01';
     ELSIF c.refused = 1 THEN
         RAISE EXCEPTION 'permission denied: the attempt is not logged in as its principal'
@@ -461,8 +463,10 @@ END $$;
 
 -- An attempt of a tick that could neither commit nor be recorded as a lease: its tick changed under it
 -- (ALTER JOB re-armed the job, and the daemon ended it) or another node took the tick after it rolled back.
--- Its history row says so, as the lease path's 'lease_lost' does; the tick itself is the state's business.
-CREATE FUNCTION radix.record_lost_tick(node text, job uuid, tick_ns bigint, attempt integer, started_at timestamptz)
+-- Its history row says so, as the lease path's 'lease_lost' does, with the attempt's own start and end (as
+-- the daemon saw them) and the SQLSTATE it ended with; the tick itself is the state's business.
+CREATE FUNCTION radix.record_lost_tick(node text, job uuid, tick_ns bigint, attempt integer, started_at timestamptz,
+                                       finished_at timestamptz, sqlstate text)
 RETURNS void
 LANGUAGE sql VOLATILE
 SET search_path = pg_catalog, pg_temp
@@ -471,9 +475,10 @@ AS $$
         (job_id, definition_version, planned_ns, attempt, idempotency_key, status, node, run_kind, atomic,
          started_at, finished_at, error)
     SELECT j.job_id, j.definition_version, tick_ns, attempt, job::text || '/' || tick_ns::text, 'lease_lost', node,
-           'schedule', true, started_at, clock_timestamp(),
+           'schedule', true, least(started_at, clock_timestamp()), least(finished_at, clock_timestamp()),
            jsonb_build_object('error', 'PL_JOB_ATTEMPT_FAILED', 'kind', 'lease_lost', 'category', 'connection',
-                              'detail', jsonb_build_object('reason', 'tick changed or taken over'))
+                              'detail', jsonb_build_object('reason', 'tick changed or taken over',
+                                                           'sqlstate', sqlstate))
     FROM radix.jobs j WHERE j.job_id = job
 $$;
 
@@ -718,5 +723,5 @@ END $$;
 REVOKE ALL ON FUNCTION radix._running_elsewhere(text, integer[]),
     radix.find_ticks(text, integer, integer, uuid[], integer[]), radix.lease_work_due(text),
     radix.claim_tick(text, uuid, bigint, uuid, integer, boolean, timestamptz),
-    radix.record_lost_tick(text, uuid, bigint, integer, timestamptz),
+    radix.record_lost_tick(text, uuid, bigint, integer, timestamptz, timestamptz, text),
     radix.claim_due(text, integer, boolean, integer, integer, boolean) FROM PUBLIC;
