@@ -1,7 +1,8 @@
 """Benchmarks of radixjobs: ``python bench/run.py SCENARIO [--json] [options]``.
 
-Scenarios: baseline, throughput, lateness, scale, failover, clusters, compare, profile (see docs/benchmarks.md). Each
-creates its own embedded server in a temporary directory (or uses ``--dsn``, a superuser DSN) and its own database.
+Scenarios: baseline, throughput, floor, lateness, scale, failover, clusters, compare, profile (see
+docs/benchmarks.md). Each creates its own embedded server in a temporary directory (or uses ``--dsn``, a superuser
+DSN) and its own database.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from harness import bench_database, emit, parse_settings
 
-SCENARIOS = ("baseline", "throughput", "lateness", "scale", "failover", "clusters", "compare", "profile")
+SCENARIOS = ("baseline", "throughput", "floor", "lateness", "scale", "failover", "clusters", "compare", "profile")
 
 
 def parser() -> argparse.ArgumentParser:

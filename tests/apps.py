@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import contextlib
+import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -13,6 +15,7 @@ from psycopg import sql
 from radixjobs import catalog
 from radixjobs.engine import Engine
 from radixjobs.sqlscript import split_script
+from tests.support import wait_for
 
 
 @dataclass
@@ -48,6 +51,65 @@ class App:
     def run(self, **kwargs: Any) -> Engine:
         """Run everything due once with a fresh engine; returns it (for its counters)."""
         return run_engine(self.dsn, lambda e: e.run_due(), **kwargs)
+
+
+class Background:
+    """An engine running due work in a thread until stopped (one slot: one principal connection)."""
+
+    def __init__(self, dsn: str, **kwargs: Any):
+        self.dsn = dsn
+        self.kwargs = kwargs
+        self.loop = asyncio.new_event_loop()
+        self.stop: asyncio.Event | None = None
+        self.engine: Engine | None = None
+        self.thread = threading.Thread(target=self.loop.run_until_complete, args=(self._run(),))
+
+    async def _run(self) -> None:
+        self.stop = asyncio.Event()
+        async with Engine(self.dsn, **self.kwargs) as engine:
+            self.engine = engine
+            while not self.stop.is_set():
+                await engine.dispatch_due()
+                await engine.wait_for_work(0.05)
+
+    def __enter__(self) -> Background:
+        self.thread.start()
+        wait_for(lambda: self.engine is not None)
+        return self
+
+    def __exit__(self, failed: object, *exc: object) -> None:
+        assert self.stop is not None
+        assert self.engine is not None
+        if failed is not None:  # a waiting attempt would hold the engine open: cancel it
+            self.loop.call_soon_threadsafe(self.engine.cancel.set)
+        self.loop.call_soon_threadsafe(self.stop.set)
+        self.thread.join(60)
+        if not self.thread.is_alive():
+            self.loop.close()
+
+
+@contextlib.contextmanager
+def holding(app: App, lock: int) -> Iterator[psycopg.Connection[Any]]:
+    """An advisory lock held by a superuser session until the block ends (procedures wait on it, so
+    their attempt stays open while a test looks at it)."""
+    conn = psycopg.connect(app.dsn, autocommit=True)
+    try:
+        conn.execute("SELECT pg_advisory_lock(%s)", (lock,))
+        yield conn
+    finally:
+        conn.close()
+
+
+def waiting_on(app: App, lock: int) -> tuple[int, str]:
+    """The attempt waiting on advisory lock ``lock``, as the principal's own session sees it in
+    pg_stat_activity: its backend pid and its query text."""
+    with psycopg.connect(app.dsn, user=app.principal, autocommit=True) as spy:
+        def seen() -> tuple[int, str] | None:
+            row = spy.execute("SELECT a.pid, a.query FROM pg_stat_activity a JOIN pg_locks l ON l.pid = a.pid "
+                              "WHERE l.locktype = 'advisory' AND l.objid = %s AND NOT l.granted",
+                              (lock,)).fetchone()
+            return (row[0], row[1]) if row else None
+        return wait_for(seen)
 
 
 def run_engine(dsn: str, action: Callable[[Engine], Any], **kwargs: Any) -> Engine:

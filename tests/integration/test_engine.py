@@ -310,17 +310,11 @@ def test_history_is_bounded(app: App) -> None:
     app.conn.execute(
         "INSERT INTO radix.radix_system_job_history (job_id, definition_version, planned_ns, attempt, "
         "idempotency_key, status) SELECT %s, 1, g, 1, 'k', 'succeeded' FROM generate_series(1, 300) g", (job_id,))
-    # the one-transaction tick prunes at one history insert in 16 (0013): within 16 ticks, once at least
-    counts = []
-    for _ in range(16):
-        app.make_due(name)
-        app.run()
-        row = app.conn.execute("SELECT count(*) FROM radix.radix_system_job_history WHERE job_id = %s",
-                               (job_id,)).fetchone()
-        assert row is not None
-        counts.append(row[0])
-    assert 256 in counts, counts
-    assert counts[-1] < 256 + 16
+    app.make_due(name)
+    app.run()
+    count = app.conn.execute("SELECT count(*) FROM radix.radix_system_job_history WHERE job_id = %s",
+                             (job_id,)).fetchone()
+    assert count == (256,)
 
 
 def test_cron_job_coalesces_to_the_latest_due_tick(app: App) -> None:

@@ -11,8 +11,7 @@ import psycopg
 import pytest
 
 from radixjobs import catalog
-from tests.apps import App
-from tests.security.test_attempt_mac import Background
+from tests.apps import App, Background, holding
 from tests.support import wait_for
 
 LOCK = 86422
@@ -20,10 +19,9 @@ LOCK = 86422
 
 @pytest.fixture
 def held(app: App) -> Iterator[psycopg.Connection[Any]]:
-    conn = psycopg.connect(app.dsn, autocommit=True)
-    conn.execute("SELECT pg_advisory_lock(%s)", (LOCK,))
-    yield conn
-    conn.close()
+    """The advisory lock the procedures wait on, held by a superuser session until released."""
+    with holding(app, LOCK) as conn:
+        yield conn
 
 
 def _waits(app: App) -> None:

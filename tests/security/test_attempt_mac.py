@@ -7,9 +7,7 @@ test_ticks.py."""
 
 from __future__ import annotations
 
-import asyncio
 import re
-import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -17,8 +15,7 @@ import psycopg
 import pytest
 
 from radixjobs import catalog
-from radixjobs.engine import Engine
-from tests.apps import App
+from tests.apps import App, Background, holding, waiting_on
 from tests.support import wait_for
 
 LOCK = 86420  # the procedures wait on this advisory lock, held by the test, so their attempt stays open
@@ -33,60 +30,17 @@ def _as_principal(app: App) -> psycopg.Connection[Any]:
     return psycopg.connect(app.dsn, user=app.principal, autocommit=True)
 
 
-class Background:
-    """An engine running due work in a thread until stopped (one slot: one principal connection)."""
-
-    def __init__(self, dsn: str, **kwargs: Any):
-        self.dsn = dsn
-        self.kwargs = kwargs
-        self.loop = asyncio.new_event_loop()
-        self.stop: asyncio.Event | None = None
-        self.engine: Engine | None = None
-        self.thread = threading.Thread(target=self.loop.run_until_complete, args=(self._run(),))
-
-    async def _run(self) -> None:
-        self.stop = asyncio.Event()
-        async with Engine(self.dsn, **self.kwargs) as engine:
-            self.engine = engine
-            while not self.stop.is_set():
-                await engine.dispatch_due()
-                await engine.wait_for_work(0.05)
-
-    def __enter__(self) -> Background:
-        self.thread.start()
-        wait_for(lambda: self.engine is not None)
-        return self
-
-    def __exit__(self, failed: object, *exc: object) -> None:
-        assert self.stop is not None
-        assert self.engine is not None
-        if failed is not None:  # a waiting attempt would hold the engine open: cancel it
-            self.loop.call_soon_threadsafe(self.engine.cancel.set)
-        self.loop.call_soon_threadsafe(self.stop.set)
-        self.thread.join(60)
-        if not self.thread.is_alive():
-            self.loop.close()
-
-
 @pytest.fixture
 def held(app: App) -> Iterator[psycopg.Connection[Any]]:
     """The advisory lock the procedures wait on, held by a superuser session until released."""
-    conn = psycopg.connect(app.dsn, autocommit=True)
-    conn.execute("SELECT pg_advisory_lock(%s)", (LOCK,))
-    yield conn
-    conn.close()
+    with holding(app, LOCK) as conn:
+        yield conn
 
 
 def _waiting_attempt(app: App) -> tuple[int, str, str, str]:
     """The attempt waiting on LOCK as the principal's own session sees it in pg_stat_activity: its pid,
     its query text, and the job id and MAC read from that text."""
-    with _as_principal(app) as spy:
-        def seen() -> tuple[int, str] | None:
-            row = spy.execute("SELECT a.pid, a.query FROM pg_stat_activity a JOIN pg_locks l ON l.pid = a.pid "
-                              "WHERE l.locktype = 'advisory' AND l.objid = %s AND NOT l.granted",
-                              (LOCK,)).fetchone()
-            return (row[0], row[1]) if row else None
-        pid, query = wait_for(seen)
+    pid, query = waiting_on(app, LOCK)
     found = MAC.search(query)
     assert found is not None, query
     job, mac = found.groups()

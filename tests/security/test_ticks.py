@@ -14,8 +14,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from tests.apps import App
-from tests.security.test_attempt_mac import Background
+from tests.apps import App, Background, holding, waiting_on
 from tests.support import wait_for
 
 LOCK = 86421  # the procedures wait on this advisory lock, held by the test, so their tick stays open
@@ -35,22 +34,14 @@ def _as_principal(app: App) -> psycopg.Connection[Any]:
 @pytest.fixture
 def held(app: App) -> Iterator[psycopg.Connection[Any]]:
     """The advisory lock the procedures wait on, held by a superuser session until released."""
-    conn = psycopg.connect(app.dsn, autocommit=True)
-    conn.execute("SELECT pg_advisory_lock(%s)", (LOCK,))
-    yield conn
-    conn.close()
+    with holding(app, LOCK) as conn:
+        yield conn
 
 
 def _waiting_tick(app: App) -> tuple[int, str, str, int, str]:
     """The tick waiting on LOCK as the principal's own session sees it in pg_stat_activity: its pid, its
     query text, and the job, planned time and MAC read from that text."""
-    with _as_principal(app) as spy:
-        def seen() -> tuple[int, str] | None:
-            row = spy.execute("SELECT a.pid, a.query FROM pg_stat_activity a JOIN pg_locks l ON l.pid = a.pid "
-                              "WHERE l.locktype = 'advisory' AND l.objid = %s AND NOT l.granted",
-                              (LOCK,)).fetchone()
-            return (row[0], row[1]) if row else None
-        pid, query = wait_for(seen)
+    pid, query = waiting_on(app, LOCK)
     found = TICK.search(query)
     assert found is not None, query
     job, planned, mac = found.groups()

@@ -1,6 +1,11 @@
-"""The engine for one database: claim due ticks, run each as its principal, finalise, repeat.
+"""The engine for one database: find due ticks and run each in one transaction as its principal; claim
+the rest (the lease path), run each as its principal, finalise; repeat. The attempts themselves are in
+engine/execution.py.
 
 Verbs (each one database round trip, each with its invariant):
+- ``find_ticks`` (engine/ticks.py): a batch of due ticks, and whether the lease path has work; writes no
+  tuple, so a tick found is not held: the queue of found ticks is only this node's plan, replaced at the
+  next find, and a tick's own transaction is its fence (radix.begin_tick).
 - ``plan_cron``: cron ticks are computed here (Python), coalesced to the latest due one, and stored.
 - ``claim_due``: a conditional update decided by the database clock; see radix.claim_due.
 - ``finish``: a fenced write of an observed outcome; does nothing when the lease was lost.

@@ -17,7 +17,8 @@
 -- The tick's token. The finder hands out, per tick, L = the first 16 bytes of
 --   sha256(secret || job_id || planned_ns || state.attempt || state.updated_at)     (as a uuid)
 -- where planned_ns is the tick it chose (coalesced). L is secret-derived, as unguessable as a random lease
--- token, and it dies with any change of the state row (every writer sets updated_at). The query text
+-- token, and it dies when the job's tick changes: its attempt, or any claim, advance, retry, re-arm or
+-- request of the job (each sets updated_at; begin_tick also demands a status a tick may start from). The query text
 -- carries only its MAC for the backend, sha256(session key || L) (0012's attempt_mac), so a principal
 -- reading it (current_query(), pg_stat_activity) learns nothing usable elsewhere; on the same backend it
 -- is good while the state is unchanged, and the daemon does not reuse the connection before the tick's
@@ -28,7 +29,8 @@
 -- procedure cannot forge or change it (radix's table; end_tick checks its MAC like end_atomic).
 --
 -- Writes of a successful tick: the tick lock (a lock, no new tuple), the frame INSERT and DELETE, the
--- state UPDATE, one history INSERT (written once, 'succeeded'); one commit. Before: a claim transaction
+-- state UPDATE, one history INSERT (written once, 'succeeded'), and the prune of the job's oldest history rows
+-- past its limit (none, mostly); one commit. Before: a claim transaction
 -- (state UPDATE, history INSERT, prune DELETE) and the attempt (frame INSERT and DELETE, state UPDATE,
 -- history UPDATE): two commits.
 --
@@ -105,6 +107,20 @@ RETURN (SELECT encode(substring(sha256(k.secret || uuid_send(job) || int8send(pl
                                        || timestamptz_send(updated_at)) FROM 1 FOR 16), 'hex')::uuid
         FROM radix.attempt_secret k);
 REVOKE ALL ON FUNCTION radix._tick_token(uuid, bigint, integer, timestamptz) FROM PUBLIC;
+
+-- Keep at most `history` rows of a job (WITH (history = N), 256 by default), as radix.claim_due does at every
+-- claim: one backward scan of radix_system_job_history_job that stops at the job's limit.
+CREATE FUNCTION radix._prune_history(job uuid) RETURNS void
+LANGUAGE sql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    DELETE FROM radix.radix_system_job_history h
+    WHERE h.job_id = job AND h.history_id <= (
+        SELECT o.history_id FROM radix.radix_system_job_history o WHERE o.job_id = job
+        ORDER BY o.history_id DESC
+        OFFSET (SELECT j.history_limit FROM radix.jobs j WHERE j.job_id = job) LIMIT 1)
+$$;
+REVOKE ALL ON FUNCTION radix._prune_history(uuid) FROM PUBLIC;
 
 -- -- finding ---------------------------------------------------------------------------------------------
 
@@ -327,7 +343,6 @@ SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
     f record;
-    hid bigint;
 BEGIN
     DELETE FROM radix.attempt_frames d WHERE d.pid = pg_backend_pid() AND d.job_id = job
     RETURNING d.planned_ns, d.attempt, d.lease_token, d.idempotency_key,
@@ -367,19 +382,11 @@ BEGIN
         SELECT job, s.definition_version, f.planned_ns, f.attempt, f.idempotency_key, 'succeeded',
                convert_from(decode(node, 'hex'), 'UTF8'),
                'schedule', true, now(), clock_timestamp()
-        FROM radix.radix_system_job_state s WHERE s.job_id = job
-        RETURNING h.history_id INTO hid;
+        FROM radix.radix_system_job_state s WHERE s.job_id = job;
         IF EXISTS (SELECT 1 FROM radix.job_requests q WHERE q.job_id = job) THEN
             PERFORM radix._promote_request(job);
         END IF;
-        -- keep at most `history` rows per job: pruned at one insert in 16 (the lease path prunes at claims)
-        IF hid % 16 = 0 THEN
-            DELETE FROM radix.radix_system_job_history h
-            WHERE h.job_id = job AND h.history_id <= (
-                SELECT o.history_id FROM radix.radix_system_job_history o WHERE o.job_id = job
-                ORDER BY o.history_id DESC
-                OFFSET (SELECT j.history_limit FROM radix.jobs j WHERE j.job_id = job) LIMIT 1);
-        END IF;
+        PERFORM radix._prune_history(job);
         RETURN;
     END IF;
     -- published (radix.claim_tick): a lease with the tick's token
@@ -459,6 +466,7 @@ BEGIN
     SELECT c.job_id, c.definition_version, c.lease_token, c.planned_ns, c.attempt, c.idempotency_key, false,
            0::bigint, c.anchor_ns
     FROM claimed c;
+    PERFORM radix._prune_history(job);
 END $$;
 
 -- An attempt of a tick that could neither commit nor be recorded as a lease: its tick changed under it
@@ -479,7 +487,8 @@ AS $$
            jsonb_build_object('error', 'PL_JOB_ATTEMPT_FAILED', 'kind', 'lease_lost', 'category', 'connection',
                               'detail', jsonb_build_object('reason', 'tick changed or taken over',
                                                            'sqlstate', sqlstate))
-    FROM radix.jobs j WHERE j.job_id = job
+    FROM radix.jobs j WHERE j.job_id = job;
+    SELECT radix._prune_history(job);
 $$;
 
 -- -- requests wait for a tick in progress ----------------------------------------------------------------

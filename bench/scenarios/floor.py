@@ -1,0 +1,77 @@
+"""Floor: an atomic attempt's query without radixjobs' own work, from one asyncio process.
+
+``--jobs`` attempts of the throughput scenario's unit of work (``bench.touch``: one row updated), each sent the
+way the daemon sends a tick (one simple query on a connection logged in as the principal: ``BEGIN; DO $$ …
+CALL … $$; COMMIT;`` and the connection's clean, engine/principals.py), but with no ``radix.begin_tick`` /
+``radix.end_tick``, no finder, no bookkeeping: psycopg async connections taking the next job from a queue
+(``--connections``, repeatable: 4 and 8 by default, the default cap of one principal at 8 and at 16 slots per
+database). What is left is psycopg, asyncio, libpq and the server running the procedure and committing: the
+floor any Python scheduler with this isolation pays. Read
+with ``throughput`` (same unit of work, same baseline): the gap between the two is radixjobs' own cost.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+from typing import Any
+
+import psycopg
+
+from harness import BenchDatabase, CpuMeter
+from radixjobs.engine.principals import clean_statement, principal_dsn
+from scenarios import baseline
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    baseline.add_arguments(parser)
+    parser.add_argument("--jobs", type=int, default=10_000, help="attempts (default 10000)")
+    parser.add_argument("--connections", type=int, action="append", default=None,
+                        help="principal connections at once (repeatable; default 4 and 8)")
+    parser.add_argument("--no-clean", action="store_true", help="leave the connection's clean out of each query")
+
+
+async def _worker(conn: psycopg.AsyncConnection[Any], queue: asyncio.Queue[int], clean: bool) -> None:
+    while not queue.empty():
+        row_id = queue.get_nowait()
+        query = f"BEGIN; DO $$BEGIN CALL bench.touch({int(row_id)}); END$$; COMMIT; ".encode()
+        cur = await conn.execute(query + (clean_statement() if clean else b""), prepare=False)
+        while cur.nextset():
+            pass
+
+
+async def _measure(dsn: str, connections: int, jobs: int, clean: bool, meter: CpuMeter) -> tuple[float, float]:
+    """Seconds and this process's CPU seconds for ``jobs`` attempts over ``connections`` connections."""
+    queue: asyncio.Queue[int] = asyncio.Queue()
+    for row_id in range(jobs):
+        queue.put_nowait(row_id)
+    conns = [await psycopg.AsyncConnection.connect(dsn, autocommit=True, prepare_threshold=None)
+             for _ in range(connections)]
+    try:
+        meter.reset()
+        started, cpu = time.monotonic(), time.process_time()
+        await asyncio.gather(*(_worker(conn, queue, clean) for conn in conns))
+        meter.stop()  # before the backends end, so their CPU is counted
+        return time.monotonic() - started, time.process_time() - cpu
+    finally:
+        for conn in conns:
+            await conn.close()
+
+
+def run(db: BenchDatabase, args: argparse.Namespace) -> dict[str, Any]:
+    one = baseline.measure(db, 1, args.baseline_seconds)
+    with db.connect() as conn:
+        conn.execute(b"INSERT INTO bench.counters (id) SELECT g FROM generate_series(0, %s) g", (args.jobs - 1,))
+    dsn = principal_dsn(db.dsn, db.principal)
+    result: dict[str, Any] = {}
+    for connections in args.connections or [4, 8]:
+        meter = CpuMeter(db)
+        seconds, client_s = asyncio.run(_measure(dsn, connections, args.jobs, not args.no_clean, meter))
+        rate = args.jobs / seconds
+        key = f"c{connections}"
+        result |= {f"{key}_attempts_per_s": round(rate), f"{key}_ratio_to_baseline": round(rate / one, 3),
+                   f"{key}_client_cpu_us_per_attempt": round(client_s / args.jobs * 1e6),
+                   f"{key}_server_cpu_us_per_attempt": round(meter.used()["server"] / args.jobs * 1e6)}
+    return {"floor": {"jobs": args.jobs, "clean": not args.no_clean, **result},
+            "baseline": {"one_connection_commits_per_s": round(one)}}
