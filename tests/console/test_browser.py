@@ -147,8 +147,10 @@ def test_run_now_shows_the_attempt_in_the_timeline(app: App, console: Serve, bro
     before = page.locator("#timeline rect.attempt").count()
     flash = confirm(page, "Run now")
     assert flash.startswith("done: app.rare: run requested ("), flash
-    page.wait_for_function(f"document.querySelectorAll('#timeline rect.attempt').length > {before}",
-                           timeout=30_000)
+    # polled from here: a predicate polled in the page is evaluated as a string, which the console's CSP
+    # (script-src 'self') refuses unless the attempt was already there when the page loaded
+    wait_for(lambda: page.locator("#timeline rect.attempt").count() > before, timeout=30,
+             message="the attempt in the timeline (live refresh)")
     assert errors == []
 
 def _document(app: App) -> None:
