@@ -2,7 +2,7 @@
 transaction on the principal's connection.
 
 Invariants:
-- The finder (radix.find_ticks, on the scheduler's own connection) writes no tuple: a tick found is not a
+- The finder (radix.find_ticks, on the scheduler's own connection) writes no row: a tick found is not a
   claim. It may be found by two nodes; the tick lock that radix.begin_tick takes lets one run it, and the
   other's query ends at once with RXT01 (nothing happened, nothing is recorded).
 - A found tick is queued here until a slot is free, its principal is under its cap and its time has come
