@@ -5514,6 +5514,7 @@ BEGIN
               AND s.planned_ns IS NOT NULL AND NOT s.via_lease AND s.request_kind IS NULL
               AND s.job_id <> ALL (coalesce(skip, '{}'))
               AND (s.fence_token IS NULL OR NOT radix.node_alive(s.fence_node))
+              -- radix.job_has_live_frame(s.job_id), inlined as claim_due does (a call per candidate row)
               AND NOT EXISTS (
                   SELECT 1 FROM radix.attempt_frames f
                   WHERE f.job_id = s.job_id AND EXISTS (
@@ -5550,10 +5551,8 @@ AS $$
                      WHERE s.status IN ('scheduled', 'running', 'retry_wait')
                        AND (s.via_lease OR s.request_kind IS NOT NULL OR s.status = 'running'))
                     <= radix.to_ns(clock_timestamp()), false)
-        OR EXISTS (SELECT 1 FROM radix.radix_system_job_state s LEFT JOIN radix.nodes n ON n.node_id = s.lease_node
-                   WHERE s.status = 'running' AND s.lease_node <> node
-                     AND (n.node_id IS NULL OR NOT EXISTS (
-                          SELECT 1 FROM pg_stat_get_activity(n.backend_pid) a WHERE a.backend_start = n.backend_start)))
+        OR EXISTS (SELECT 1 FROM radix.radix_system_job_state s
+                   WHERE s.status = 'running' AND s.lease_node <> node AND NOT radix.node_alive(s.lease_node))
 $$;
 
 -- -- the tick --------------------------------------------------------------------------------------------
@@ -5676,7 +5675,8 @@ BEGIN
       AND encode(substring(sha256(k.secret || uuid_send(job) || int8send(f.planned_ns) || int4send(s.attempt)
                                   || timestamptz_send(s.updated_at)) FROM 1 FOR 16), 'hex')::uuid = f.lease_token;
     IF FOUND THEN
-        -- a history row left 'running' by a lease fenced before (ALTER JOB) belongs to no attempt now
+        -- a history row left 'running' by a lease fenced before (ALTER JOB) belongs to no attempt now (the
+        -- same close as claim_due's and claim_tick's, inline: this is the hot path)
         UPDATE radix.radix_system_job_history h SET status = 'lease_lost', finished_at = clock_timestamp(),
             error = jsonb_build_object('error', 'PL_JOB_ATTEMPT_FAILED', 'kind', 'lease_lost',
                                        'category', 'connection',
