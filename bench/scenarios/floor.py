@@ -36,9 +36,7 @@ async def _worker(conn: psycopg.AsyncConnection[Any], queue: asyncio.Queue[int],
     while not queue.empty():
         row_id = queue.get_nowait()
         query = f"BEGIN; DO $$BEGIN CALL bench.touch({int(row_id)}); END$$; COMMIT; ".encode()
-        cur = await conn.execute(query + (clean_statement() if clean else b""), prepare=False)
-        while cur.nextset():
-            pass
+        await conn.execute(query + (clean_statement() if clean else b""), prepare=False)
 
 
 async def _measure(dsn: str, connections: int, jobs: int, clean: bool, meter: CpuMeter) -> tuple[float, float]:

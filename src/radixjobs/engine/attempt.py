@@ -249,9 +249,7 @@ class AttemptRunner:
             outcome = self._failure(exc, atomic=True, in_doubt=not aborted)
             outcome.elsewhere = begin_tick_refused(exc)
             return outcome
-        while cur.nextset():  # to the clean's identity check, the last result
-            pass
-        row = await cur.fetchone()
+        row = await (await cur.set_result(-1)).fetchone()  # the clean's identity check, the last result
         return Outcome(succeeded=True, atomic=True, finalised=True, cleaned=bool(row and row[0] is True))
 
     async def _non_atomic(self, conn: psycopg.AsyncConnection[Any], job: JobDefinition, claim: Claim,

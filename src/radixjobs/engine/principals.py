@@ -104,9 +104,7 @@ async def clean(conn: Conn, timeout_s: float = CLEAN_TIMEOUT_S) -> bool:
 async def _reset(conn: Conn) -> bool:
     try:
         cur = await conn.execute(clean_statement(), prepare=False)
-        while cur.nextset():  # to the identity check's result, the last one
-            pass
-        row = await cur.fetchone()
+        row = await (await cur.set_result(-1)).fetchone()  # the identity check's result, the last one
     except psycopg.Error:
         return False
     return bool(row and row[0])
