@@ -9,7 +9,6 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, LiteralString
 
-
 from radixjobs import schedule
 from radixjobs.model import AtSchedule, CronSchedule, EverySchedule, Schedule
 
