@@ -1,6 +1,6 @@
 """Benchmarks of radixjobs: ``python bench/run.py SCENARIO [--json] [options]``.
 
-Scenarios: baseline, throughput, floor, lateness, scale, failover, clusters, compare, profile (see
+Scenarios: baseline, throughput, floor, tickcost, lateness, scale, failover, clusters, compare, profile (see
 docs/benchmarks.md). Each creates its own embedded server in a temporary directory (or uses ``--dsn``, a superuser
 DSN) and its own database.
 """
@@ -16,7 +16,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from harness import bench_database, emit, parse_settings
 
-SCENARIOS = ("baseline", "throughput", "floor", "lateness", "scale", "failover", "clusters", "compare", "profile")
+SCENARIOS = ("baseline", "throughput", "floor", "tickcost", "lateness", "scale", "failover", "clusters", "compare",
+             "profile")
 
 
 def parser() -> argparse.ArgumentParser:
