@@ -8,6 +8,11 @@ CALL … $$; COMMIT;`` and the connection's clean, engine/principals.py), but wi
 database). What is left is psycopg, asyncio, libpq and the server running the procedure and committing: the
 floor any Python scheduler with this isolation pays. Read
 with ``throughput`` (same unit of work, same baseline): the gap between the two is radixjobs' own cost.
+
+Two options measure designs radixjobs does not use (docs/hot-path.md, the levers): ``--per-query K`` sends K
+attempts in one message, each still its own transaction followed by the clean (one round trip for K);
+``--per-transaction K`` runs K attempts in one transaction, each in a savepoint, with one commit and one
+clean (one round trip and one commit for K).
 """
 
 from __future__ import annotations
@@ -30,26 +35,49 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--connections", type=int, action="append", default=None,
                         help="principal connections at once (repeatable; default 4 and 8)")
     parser.add_argument("--no-clean", action="store_true", help="leave the connection's clean out of each query")
+    parser.add_argument("--per-query", type=int, default=1, metavar="K",
+                        help="attempts per message, each its own transaction and clean (default 1)")
+    parser.add_argument("--per-transaction", type=int, default=1, metavar="K",
+                        help="attempts per transaction, each in a savepoint, one commit and clean (default 1)")
 
 
-async def _worker(conn: psycopg.AsyncConnection[Any], queue: asyncio.Queue[int], clean: bool) -> None:
+def _attempt(row_id: int) -> bytes:
+    return f"DO $$BEGIN CALL bench.touch({int(row_id)}); END$$; ".encode()
+
+
+async def _worker(conn: psycopg.AsyncConnection[Any], queue: asyncio.Queue[int], clean: bool, per_query: int,
+                  per_transaction: int) -> None:
+    # the clean's statements after a COMMIT form an implicit transaction that a following BEGIN would join:
+    # with more than one attempt per message each clean gets its own transaction block
+    def cleaning() -> bytes:
+        if not clean:
+            return b""
+        return b"BEGIN; " + clean_statement() + b"; COMMIT; " if per_query > 1 else clean_statement()
+
     while not queue.empty():
-        row_id = queue.get_nowait()
-        query = f"BEGIN; DO $$BEGIN CALL bench.touch({int(row_id)}); END$$; COMMIT; ".encode()
-        await conn.execute(query + (clean_statement() if clean else b""), prepare=False)
+        parts: list[bytes] = []
+        for _ in range(per_query):
+            rows = [queue.get_nowait() for _ in range(min(per_transaction, queue.qsize()))]
+            if not rows:
+                break
+            attempts = (_attempt(rows[0]) if per_transaction == 1
+                        else b"".join(b"SAVEPOINT a; " + _attempt(r) + b"RELEASE a; " for r in rows))
+            parts.append(b"BEGIN; " + attempts + b"COMMIT; " + cleaning())
+        await conn.execute(b"".join(parts), prepare=False)
 
 
-async def _measure(dsn: str, connections: int, jobs: int, clean: bool, meter: CpuMeter) -> tuple[float, float]:
+async def _measure(dsn: str, connections: int, args: argparse.Namespace, meter: CpuMeter) -> tuple[float, float]:
     """Seconds and this process's CPU seconds for ``jobs`` attempts over ``connections`` connections."""
     queue: asyncio.Queue[int] = asyncio.Queue()
-    for row_id in range(jobs):
+    for row_id in range(args.jobs):
         queue.put_nowait(row_id)
     conns = [await psycopg.AsyncConnection.connect(dsn, autocommit=True, prepare_threshold=None)
              for _ in range(connections)]
     try:
         meter.reset()
         started, cpu = time.monotonic(), time.process_time()
-        await asyncio.gather(*(_worker(conn, queue, clean) for conn in conns))
+        await asyncio.gather(*(_worker(conn, queue, not args.no_clean, args.per_query, args.per_transaction)
+                               for conn in conns))
         meter.stop()  # before the backends end, so their CPU is counted
         return time.monotonic() - started, time.process_time() - cpu
     finally:
@@ -65,11 +93,12 @@ def run(db: BenchDatabase, args: argparse.Namespace) -> dict[str, Any]:
     result: dict[str, Any] = {}
     for connections in args.connections or [4, 8]:
         meter = CpuMeter(db)
-        seconds, client_s = asyncio.run(_measure(dsn, connections, args.jobs, not args.no_clean, meter))
+        seconds, client_s = asyncio.run(_measure(dsn, connections, args, meter))
         rate = args.jobs / seconds
         key = f"c{connections}"
         result |= {f"{key}_attempts_per_s": round(rate), f"{key}_ratio_to_baseline": round(rate / one, 3),
                    f"{key}_client_cpu_us_per_attempt": round(client_s / args.jobs * 1e6),
                    f"{key}_server_cpu_us_per_attempt": round(meter.used()["server"] / args.jobs * 1e6)}
-    return {"floor": {"jobs": args.jobs, "clean": not args.no_clean, **result},
+    return {"floor": {"jobs": args.jobs, "clean": not args.no_clean, "per_query": args.per_query,
+                      "per_transaction": args.per_transaction, **result},
             "baseline": {"one_connection_commits_per_s": round(one)}}
