@@ -3,8 +3,9 @@
 Jobs are inserted with the bulk shortcut (harness.CLONE_JOBS: one job made by radix.create_job, the rest
 copied row by row into radix.jobs and radix.radix_system_job_state as superuser, the same rows
 create_job writes), because admitting a million jobs one by one takes hours. Measured: the daemon's CPU
-(% of one core) and resident memory over an idle window, and the claim: its plan (auto_explain of the
-statements inside radix.claim_due, in a rolled-back transaction) and its time.
+(% of one core) and resident memory over an idle window, and the two queries that look for due work, the
+claim (radix.claim_due, the lease path) and the finder (radix.find_ticks, the one-transaction tick): their
+plans (auto_explain of the statements inside them, in a rolled-back transaction) and their times.
 """
 
 from __future__ import annotations
@@ -24,13 +25,16 @@ SELECT count(radix.create_job('bench.due' || g, jsonb_build_object('every', '1 s
 FROM generate_series(1, %s) g
 """
 HOUR_NS = 3600 * 1_000_000_000
+# Tables that grow with the jobs: a sequential scan of one of them costs time in proportion to the jobs
+# defined (the one-row and near-empty tables, such as radix.attempt_secret, are scanned by design).
+GROWING = ("jobs", "radix_system_job_state", "radix_system_job_history", "tick_locks", "attempt_frames")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--jobs", type=int, default=1_000_000, help="defined jobs in all (default 1000000)")
     parser.add_argument("--due-jobs", type=int, default=5, help="of them, jobs EVERY 1 second (default 5)")
     parser.add_argument("--idle-seconds", type=float, default=20.0, help="CPU measurement window (default 20)")
-    parser.add_argument("--claims", type=int, default=50, help="claims timed (default 50)")
+    parser.add_argument("--claims", type=int, default=50, help="claims and finds timed (default 50 each)")
 
 
 def insert_jobs(db: BenchDatabase, args: argparse.Namespace) -> float:
@@ -62,8 +66,12 @@ def measure_daemon(db: BenchDatabase, args: argparse.Namespace) -> dict[str, Any
             "window_s": args.idle_seconds}
 
 
-def explain_claim(db: BenchDatabase) -> list[str]:
-    """The plans of the statements radix.claim_due runs (auto_explain), from a rolled-back claim."""
+CLAIM = b"SELECT * FROM radix.claim_due('bench', 64)"
+FIND = b"SELECT * FROM radix.find_ticks('bench', 64, 50, '{}', '{}')"
+
+
+def explain(db: BenchDatabase, query: bytes) -> list[str]:
+    """The plans of the statements ``query`` runs inside its function (auto_explain), rolled back."""
     plans: list[str] = []
     with db.connect() as conn:
         conn.add_notice_handler(lambda diag: plans.append(diag.message_primary or ""))
@@ -73,26 +81,26 @@ def explain_claim(db: BenchDatabase) -> list[str]:
         conn.execute(b"LOAD 'auto_explain'")
         conn.execute(b"SET auto_explain.log_min_duration = -1")
         conn.execute(b"BEGIN")
-        conn.execute(b"SELECT * FROM radix.claim_due('bench', 64)").fetchall()  # compiles the function
+        conn.execute(query).fetchall()  # compiles the function
         conn.execute(b"ROLLBACK")
         conn.execute(b"SET auto_explain.log_min_duration = 0")
         conn.execute(b"BEGIN")
-        conn.execute(b"SELECT * FROM radix.claim_due('bench', 64)").fetchall()
+        conn.execute(query).fetchall()
         conn.execute(b"ROLLBACK")
     return [line for plan in plans for line in plan.splitlines() if line.strip()]
 
 
-def time_claims(db: BenchDatabase, count: int) -> list[float]:
-    """Milliseconds of ``SELECT * FROM radix.claim_due('bench', 64)``, each rolled back (client side)."""
+def time_query(db: BenchDatabase, query: bytes, count: int) -> list[float]:
+    """Milliseconds of ``query``, each rolled back (client side)."""
     times = []
     with db.connect() as conn:
         conn.execute(b"BEGIN")
-        conn.execute(b"SELECT * FROM radix.claim_due('bench', 64)").fetchall()  # compiles the function
+        conn.execute(query).fetchall()  # compiles the function
         conn.execute(b"ROLLBACK")
         for _ in range(count):
             conn.execute(b"BEGIN")
             started = time.perf_counter()
-            conn.execute(b"SELECT * FROM radix.claim_due('bench', 64)").fetchall()
+            conn.execute(query).fetchall()
             times.append((time.perf_counter() - started) * 1000)
             conn.execute(b"ROLLBACK")
             time.sleep(0.02)
@@ -104,14 +112,15 @@ def run(db: BenchDatabase, args: argparse.Namespace) -> dict[str, Any]:
     daemon = measure_daemon(db, args)
     db.scalar("SELECT radix.register_node('bench', 'bench', 0)")
     time.sleep(1.1)  # the due jobs' next ticks are due (the daemon stopped)
-    plan = explain_claim(db)
-    times = time_claims(db, args.claims)
-    scans = [line.strip() for line in plan if "Seq Scan" in line]
-    return {"scale": {
+    result: dict[str, Any] = {
         "jobs": int(db.scalar("SELECT count(*) FROM radix.jobs")), "due_every_second": args.due_jobs,
-        "insert_s": round(insert_s, 1), **daemon,
-        "claim_ms_median": round(statistics.median(times), 3), "claim_ms_max": round(max(times), 3),
-        "claim_uses_due_index": any("radix_system_job_state_due" in line for line in plan),
-        "claim_seq_scans": scans or "none",
-        "claim_plan": plan,
-    }}
+        "insert_s": round(insert_s, 1), **daemon}
+    for name, query, index in (("claim", CLAIM, "radix_system_job_state_due"),
+                               ("find", FIND, "radix_system_job_state_principal_due")):
+        plan = explain(db, query)
+        times = time_query(db, query, args.claims)
+        scans = [line.strip() for line in plan if any(f"Seq Scan on {t} " in line for t in GROWING)]
+        result |= {f"{name}_ms_median": round(statistics.median(times), 3), f"{name}_ms_max": round(max(times), 3),
+                   f"{name}_uses_due_index": any(index in line for line in plan),
+                   f"{name}_seq_scans": scans or "none", f"{name}_plan": plan}
+    return {"scale": result}

@@ -143,3 +143,29 @@ def test_run_job_during_a_tick_waits_for_it(app: App, held: psycopg.Connection[A
     kinds = [h["run_kind"] for h in app.history(name)]
     assert kinds == ["schedule", "run"]
     assert [e[1] for e in app.effects()] == ["ran", "ran"]
+
+
+def test_the_finder_probes_the_jobs_it_finds_and_never_reads_them_all(app: App) -> None:
+    """radix.find_ticks's generic plan estimated its found set as the deal's shares times their limits and
+    joined it to radix.jobs by a hash join over every job: a full scan of radix.jobs at each find (290 ms
+    with 1,000,000 jobs; bench/run.py scale). Each tick found is now one probe of the jobs' primary key
+    (0014_finder_plan.sql). The plan is read from auto_explain, not timed."""
+    app.conn.execute("SELECT count(radix.create_job('app.c' || g, '{\"every\": \"1 hour\"}', %s, 'app.record', "
+                     "'[{\"kind\": \"string\", \"value\": \"x\"}]')) FROM generate_series(1, 2000) g",
+                     (app.principal,))
+    app.conn.execute("UPDATE radix.radix_system_job_state SET due_ns = radix.to_ns(clock_timestamp()) "
+                     "WHERE job_id IN (SELECT job_id FROM radix.jobs ORDER BY job_name LIMIT 100)")
+    app.conn.execute("ANALYZE radix.jobs, radix.radix_system_job_state, radix.tick_locks")
+    plans: list[str] = []
+    with psycopg.connect(app.dsn, autocommit=True) as conn:
+        conn.add_notice_handler(lambda diag: plans.append(diag.message_primary or ""))
+        conn.execute("LOAD 'auto_explain'")
+        for setting in ("log_min_duration = 0", "log_nested_statements = on", "log_level = notice"):
+            conn.execute(f"SET auto_explain.{setting}")
+        conn.execute("SELECT radix.register_node('plan', 'localhost', 0)")
+        with conn.transaction(force_rollback=True):
+            found = conn.execute("SELECT * FROM radix.find_ticks('plan', 64, 0, '{}', '{}')").fetchall()
+    assert len(found) == 64
+    plan = "\n".join(plans)
+    assert "jobs_pkey" in plan
+    assert "Seq Scan on jobs" not in plan
