@@ -2,13 +2,13 @@
 --
 -- The finder's generic plan (plan_cache_mode = force_generic_plan) estimates its `found` set as the deal's
 -- shares times their limits, hundreds of thousands of rows, and joined that set to radix.jobs with a hash
--- join over EVERY row of radix.jobs: with 10,000 jobs most of a find's time (2.6 ms of server CPU for 64
--- ticks, 0.8 ms without it), with 1,000,000 a full scan of the table at every find. The join is now a
--- LATERAL probe of the jobs' primary key per tick found (LIMIT 1 keeps it from being flattened back
--- into a join). bench/run.py scale checks the finder's plan for sequential scans.
+-- join over EVERY row of radix.jobs: most of a find's time with 10,000 jobs, and with 1,000,000 a full scan
+-- of the table at every find (290 ms; bench/run.py scale). The join is now a LATERAL probe of the jobs'
+-- primary key per tick found (LIMIT 1 keeps it from being flattened back into a join). bench/run.py scale
+-- checks the finder's plan for sequential scans, and tests/integration/test_ticks.py reads it.
 --
 -- The token of each tick is computed inline (radix._tick_token's expression): a SQL function with a SET
--- clause is never inlined, and a call per row cost about a tenth of the find.
+-- clause is never inlined, and it was called once per row.
 
 -- find_ticks: up to `max_ticks` ticks for the one-transaction path, due now or within `horizon_ms`, in due
 -- order per principal, the principals dealt round-robin (radix._claim_shares, fewest running first).
