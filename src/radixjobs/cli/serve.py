@@ -63,7 +63,8 @@ if TYPE_CHECKING:
                    "node's claim blocks a job, not how long a job may run.")
 @click.option("--log-format", type=click.Choice(["text", "json"]), default="text", show_default=True)
 @click.option("--event-loop", type=click.Choice(["asyncio", "uvloop"]), default="asyncio", show_default=True,
-              help="asyncio's own loop, or uvloop (the uvloop extra; measured no faster: docs/hot-path.md).")
+              help="asyncio's own loop, or uvloop (the uvloop extra; about a tenth less daemon CPU, "
+                   "throughput within the noise: docs/hot-path.md).")
 @click.option("--demo", is_flag=True, help="Install a demo job (demo.heartbeat, every 5 s) first.")
 @click.option("--service", "services", multiple=True, metavar="NAME=module:function",
               help="Register a CSP service for CRON_TABLE documents (besides the radixjobs.services entry "
