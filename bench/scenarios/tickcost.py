@@ -1,31 +1,42 @@
-"""Tick cost: server CPU of one tick on one backend, with radix's bookkeeping and with it replaced by no-ops.
+"""Tick cost: server CPU of one tick on one backend, with radix's bookkeeping, with it replaced by no-ops, and
+without the connection's clean.
 
 The daemon's tick query (engine/ticks.py: ``BEGIN; begin_tick; DO … CALL …; end_tick; COMMIT; <clean>``) is
 sent ``--ticks`` times, one after another, on one connection logged in as the principal, and the CPU of that
-backend alone is read (no other backend, no client, no concurrency). Rounds alternate two variants:
+backend alone is read (no other backend, no client, no concurrency). Rounds alternate three variants:
 
-- ``radix``: radix.begin_tick and radix.end_tick as installed (the tick lock, the checks, the MAC, the frame,
-  the state advanced, the history row, the prune);
-- ``noop``: both replaced by functions that do nothing, in this scenario's own throwaway database (the same
-  SECURITY DEFINER calls with the same settings, so what is left is the query itself: parsing, the CALL of
-  ``bench.touch``, the commit, the clean).
+- ``radix``: the query as the daemon sends it, radix.begin_tick and radix.end_tick as installed (the tick
+  lock, the checks, the MAC, the frame, the state advanced, the history row, the prune);
+- ``noop``: both functions replaced by functions that do nothing, in this scenario's own throwaway database
+  (the same SECURITY DEFINER calls with the same settings, so what is left is the query itself: parsing, the
+  CALL of ``bench.touch``, the commit, the clean);
+- ``noclean``: as ``radix``, with the clean after the COMMIT (engine/principals.py) replaced by
+  ``SELECT true``: what the clean's thirteen statements cost per tick.
 
-The difference is radixjobs' own work in the server per tick; the rest is what any scheduler that runs the
-procedure in its own transaction, as the principal, with the clean, pays. Each round reads CPU over
-``--ticks`` ticks (the kernel counts in 10 ms steps: 2,000 ticks give about ±5 µs).
+``radix − noop`` is radixjobs' own work in the server per tick; the rest is what any scheduler that runs the
+procedure in its own transaction, as the principal, pays. ``--history N`` first gives every job N rows of
+history (then VACUUM ANALYZE), as a recurring job has once it has run N times: at or past its limit (256 by
+default) every tick also prunes its oldest row. ``--perf FILE`` runs one more ``radix`` round, not counted,
+under ``perf record -g`` attached to the backend (perf must be installed): where the server's time goes, by
+C function. Each round reads CPU over ``--ticks`` ticks (the kernel counts in 10 ms steps: 2,000 ticks give
+about ±5 µs).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import shutil
+import signal
 import statistics
+import subprocess
 import time
 from typing import Any
 
 import psutil
 import psycopg
 
-from harness import BenchDatabase, clone_jobs
+from harness import BenchDatabase, clone_jobs, wait_for
 from radixjobs.engine.definitions import build_call
 from radixjobs.engine.principals import principal_dsn
 from radixjobs.engine.ticks import FIND_TICKS, Tick, tick_query
@@ -33,6 +44,14 @@ from radixjobs.engine.ticks import FIND_TICKS, Tick, tick_query
 CREATE_JOB = """
 SELECT radix.create_job('bench.t0', jsonb_build_object('at', clock_timestamp()::text), %s, 'bench.touch',
                         jsonb_build_object('row_id', 0))
+"""
+# Rows a job has after N runs; planned_ns below zero, apart from every tick this scenario runs.
+HISTORY = """
+INSERT INTO radix.radix_system_job_history (job_id, definition_version, planned_ns, attempt, idempotency_key,
+                                            status, node, run_kind, atomic, started_at, finished_at)
+SELECT j.job_id, j.definition_version, -g, 1, j.job_id::text || '/' || (-g)::text, 'succeeded', 'bench', 'schedule',
+       true, now(), now()
+FROM radix.jobs j, generate_series(1, %s) g
 """
 FUNCTIONS = ("radix.begin_tick(uuid, bigint, text)", "radix.end_tick(uuid, text, bigint, text)")
 SIGNATURES = ("radix.begin_tick(job uuid, planned_ns bigint, mac text)",
@@ -45,11 +64,18 @@ SET plan_cache_mode = force_generic_plan
 AS $$ BEGIN END $$
 """
 NODE = "bench-tickcost"
+VARIANTS = ("radix", "noop", "noclean")
+WARM = 200  # ticks run, not counted, after the functions change: plans cached, functions compiled
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ticks", type=int, default=2_000, help="ticks per round (default 2000)")
     parser.add_argument("--rounds", type=int, default=3, help="rounds of each variant, alternated (default 3)")
+    parser.add_argument("--history", type=int, default=0, metavar="N",
+                        help="history rows each job has before it runs (default 0; 256 is a recurring job "
+                             "at its default limit)")
+    parser.add_argument("--perf", metavar="FILE", default=None,
+                        help="one more radix round under `perf record -g` on the backend, written to FILE")
 
 
 def _backend_cpu_s(pid: int) -> float:
@@ -58,7 +84,7 @@ def _backend_cpu_s(pid: int) -> float:
 
 
 def _round(scheduler: psycopg.Connection[Any], principal: psycopg.Connection[Any], call: bytes, key: bytes,
-           ticks: int) -> float:
+           ticks: int, clean: bool = True) -> float:
     """Server CPU µs per tick over ``ticks`` ticks run one after another on ``principal``."""
     pid = principal.info.backend_pid
     done, started = 0, _backend_cpu_s(pid)
@@ -68,38 +94,76 @@ def _round(scheduler: psycopg.Connection[Any], principal: psycopg.Connection[Any
             raise RuntimeError("no tick due: raise the number of jobs")
         now = time.monotonic()
         for row in rows[:ticks - done]:
-            principal.execute(tick_query(call, Tick.from_row(row, now), 60_000, None, key, NODE.encode().hex()),
-                              prepare=False)
+            query = tick_query(call, Tick.from_row(row, now), 60_000, None, key, NODE.encode().hex())
+            if not clean:
+                query = query[:query.index(b"; COMMIT; ") + len(b"; COMMIT; ")] + b"SELECT true"
+            principal.execute(query, prepare=False)
             done += 1
     return (_backend_cpu_s(pid) - started) / ticks * 1e6
 
 
+def _perf_round(scheduler: psycopg.Connection[Any], principal: psycopg.Connection[Any], call: bytes, key: bytes,
+                ticks: int, output: str) -> None:
+    """One radix round under perf record, attached to the principal's backend."""
+    perf = shutil.which("perf")
+    if perf is None:
+        raise RuntimeError("--perf: perf is not installed")
+    _round(scheduler, principal, call, key, WARM)
+    if os.path.exists(output):
+        os.remove(output)  # perf would keep it as FILE.old
+    recorder = subprocess.Popen([perf, "record", "-g", "-e", "cpu-clock", "-F", "2000", "-o", output,
+                                 "-p", str(principal.info.backend_pid)],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    # perf says nothing when it is ready; its output file appears once it has attached
+    wait_for(lambda: recorder.poll() is not None or os.path.exists(output), 10, "perf to attach")
+    try:
+        _round(scheduler, principal, call, key, ticks)
+    finally:
+        recorder.send_signal(signal.SIGINT)
+        _, err = recorder.communicate(timeout=60)
+    if recorder.returncode not in (0, -signal.SIGINT):
+        raise RuntimeError(f"perf record failed: {err.decode(errors='replace').strip()}")
+
+
 def run(db: BenchDatabase, args: argparse.Namespace) -> dict[str, Any]:
+    # noop rounds advance no state: only the radix and noclean rounds (and the warm-ups) use up one-time jobs
+    consumed = (args.ticks + WARM) * (2 * args.rounds + (1 if args.perf else 0)) + WARM
     with db.connect() as conn:
         conn.execute(b"INSERT INTO bench.counters (id) VALUES (0)")
         conn.execute(CREATE_JOB.encode(), (db.principal,))
-        clone_jobs(conn, "t0", "c", (args.ticks + 200) * args.rounds + 400, vary=False)
+        clone_jobs(conn, "t0", "c", consumed + 400, vary=False)
+        if args.history > 0:
+            conn.execute(HISTORY.encode(), (args.history,))
+            conn.execute(b"VACUUM ANALYZE radix.radix_system_job_history")
         arguments = db.scalar("SELECT arguments FROM radix.jobs WHERE job_name = 't0'")
         installed = [str(db.scalar("SELECT pg_get_functiondef(%s::regprocedure)", (f,))) for f in FUNCTIONS]
     call = build_call("bench", "touch", arguments)
-    per_tick: dict[str, list[float]] = {"radix": [], "noop": []}
+    per_tick: dict[str, list[float]] = {variant: [] for variant in VARIANTS}
     with db.connect() as scheduler, psycopg.connect(principal_dsn(db.dsn, db.principal), autocommit=True,
                                                     prepare_threshold=None) as principal:
         scheduler.execute(b"SELECT radix.register_node(%s, 'localhost', 0)", (NODE,))
         session = principal.execute(b"SELECT radix.attempt_session()").fetchone()
         assert session is not None
         key = bytes.fromhex(session[0])
-        _round(scheduler, principal, call, key, min(200, args.ticks))  # warm: plans cached, functions compiled
+        _round(scheduler, principal, call, key, min(WARM, args.ticks))
         for _ in range(args.rounds):
-            for variant in per_tick:
-                definitions = installed if variant == "radix" else [NOOP.format(signature=f) for f in SIGNATURES]
+            for variant in VARIANTS:
+                definitions = [NOOP.format(signature=f) for f in SIGNATURES] if variant == "noop" else installed
                 for definition in definitions:
                     scheduler.execute(definition.encode())
-                _round(scheduler, principal, call, key, min(200, args.ticks))  # the new definitions compiled
-                per_tick[variant].append(_round(scheduler, principal, call, key, args.ticks))
-    result: dict[str, Any] = {"ticks_per_round": args.ticks, "rounds": args.rounds}
+                clean = variant != "noclean"
+                _round(scheduler, principal, call, key, min(WARM, args.ticks), clean)
+                per_tick[variant].append(_round(scheduler, principal, call, key, args.ticks, clean))
+        if args.perf:
+            for definition in installed:
+                scheduler.execute(definition.encode())
+            _perf_round(scheduler, principal, call, key, args.ticks, args.perf)
+    result: dict[str, Any] = {"ticks_per_round": args.ticks, "rounds": args.rounds, "history_rows": args.history}
     for variant, values in per_tick.items():
         result[f"{variant}_server_cpu_us_per_tick"] = round(statistics.median(values))
         result[f"{variant}_range"] = f"{min(values):.0f}-{max(values):.0f}"
     result["bookkeeping_us_per_tick"] = result["radix_server_cpu_us_per_tick"] - result["noop_server_cpu_us_per_tick"]
+    result["clean_us_per_tick"] = result["radix_server_cpu_us_per_tick"] - result["noclean_server_cpu_us_per_tick"]
+    if args.perf:
+        result["perf_data"] = args.perf
     return {"tickcost": result}
