@@ -17,9 +17,9 @@ backend alone is read (no other backend, no client, no concurrency). Rounds alte
 procedure in its own transaction, as the principal, pays. ``--history N`` first gives every job N rows of
 history (then VACUUM ANALYZE), as a recurring job has once it has run N times: at or past its limit (256 by
 default) every tick also prunes its oldest row. ``--perf FILE`` runs one more ``radix`` round, not counted,
-under ``perf record -g`` attached to the backend (perf must be installed): where the server's time goes, by
-C function. Each round reads CPU over ``--ticks`` ticks (the kernel counts in 10 ms steps: 2,000 ticks give
-about ±5 µs).
+under ``perf record`` attached to the backend (perf must be installed; DWARF call graphs, as the server is
+built without frame pointers, so ``perf report --children`` gives each C function with what it calls).
+Each round reads CPU over ``--ticks`` ticks (the kernel counts in 10 ms steps: 2,000 ticks give about ±5 µs).
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="history rows each job has before it runs (default 0; 256 is a recurring job "
                              "at its default limit)")
     parser.add_argument("--perf", metavar="FILE", default=None,
-                        help="one more radix round under `perf record -g` on the backend, written to FILE")
+                        help="one more radix round under `perf record` on the backend, written to FILE")
 
 
 def _backend_cpu_s(pid: int) -> float:
@@ -111,8 +111,8 @@ def _perf_round(scheduler: psycopg.Connection[Any], principal: psycopg.Connectio
     _round(scheduler, principal, call, key, WARM)
     if os.path.exists(output):
         os.remove(output)  # perf would keep it as FILE.old
-    recorder = subprocess.Popen([perf, "record", "-g", "-e", "cpu-clock", "-F", "2000", "-o", output,
-                                 "-p", str(principal.info.backend_pid)],
+    recorder = subprocess.Popen([perf, "record", "--call-graph", "dwarf,16384", "-e", "cpu-clock", "-F", "2000",
+                                 "-o", output, "-p", str(principal.info.backend_pid)],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     # perf says nothing when it is ready; its output file appears once it has attached
     wait_for(lambda: recorder.poll() is not None or os.path.exists(output), 10, "perf to attach")
