@@ -16,7 +16,10 @@ backend alone is read (no other backend, no client, no concurrency). Rounds alte
 ``radix − noop`` is radixjobs' own work in the server per tick; the rest is what any scheduler that runs the
 procedure in its own transaction, as the principal, pays. ``--history N`` first gives every job N rows of
 history (then VACUUM ANALYZE), as a recurring job has once it has run N times: at or past its limit (256 by
-default) every tick also prunes its oldest row. ``--perf FILE`` runs one more ``radix`` round, not counted,
+default) every tick also prunes its oldest row. The jobs are one-time jobs, each run once (its first tick:
+0015 counts its history then); ``--recurring`` runs 500 jobs EVERY 1 hour instead, each many times, made due
+again when none is (every job runs once before the rounds: a job's later ticks, as in a daemon that has run
+for a while). ``--perf FILE`` runs one more ``radix`` round, not counted,
 under ``perf record`` attached to the backend (perf must be installed; DWARF call graphs, as the server is
 built without frame pointers, so ``perf report --children`` gives each C function with what it calls).
 Each round reads CPU over ``--ticks`` ticks (the kernel counts in 10 ms steps: 2,000 ticks give about ±5 µs).
@@ -45,6 +48,14 @@ CREATE_JOB = """
 SELECT radix.create_job('bench.t0', jsonb_build_object('at', clock_timestamp()::text), %s, 'bench.touch',
                         jsonb_build_object('row_id', 0))
 """
+CREATE_RECURRING = """
+SELECT radix.create_job('bench.t0', jsonb_build_object('every', '1 hour'), %s, 'bench.touch',
+                        jsonb_build_object('row_id', 0))
+"""
+# --recurring: every job due again, its planned tick kept (the tests' controllable clock)
+DUE_AGAIN = "UPDATE radix.radix_system_job_state SET due_ns = radix.to_ns(clock_timestamp())"
+RECURRING_JOBS = 500
+HOUR_NS = 3600 * 10**9
 # Rows a job has after N runs; planned_ns below zero, apart from every tick this scenario runs.
 HISTORY = """
 INSERT INTO radix.radix_system_job_history (job_id, definition_version, planned_ns, attempt, idempotency_key,
@@ -74,6 +85,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--history", type=int, default=0, metavar="N",
                         help="history rows each job has before it runs (default 0; 256 is a recurring job "
                              "at its default limit)")
+    parser.add_argument("--recurring", action="store_true",
+                        help=f"{RECURRING_JOBS} jobs EVERY 1 hour, each run many times (made due again when none "
+                             "is), instead of one-time jobs run once each")
     parser.add_argument("--perf", metavar="FILE", default=None,
                         help="one more radix round under `perf record` on the backend, written to FILE")
 
@@ -84,17 +98,22 @@ def _backend_cpu_s(pid: int) -> float:
 
 
 def _round(scheduler: psycopg.Connection[Any], principal: psycopg.Connection[Any], call: bytes, key: bytes,
-           ticks: int, clean: bool = True) -> float:
+           ticks: int, clean: bool = True, recurring: bool = False) -> float:
     """Server CPU µs per tick over ``ticks`` ticks run one after another on ``principal``."""
     pid = principal.info.backend_pid
     done, started = 0, _backend_cpu_s(pid)
     while done < ticks:
         rows = scheduler.execute(FIND_TICKS.encode(), (NODE, 64, 0, [], [])).fetchall()
+        if not rows and recurring:
+            scheduler.execute(DUE_AGAIN.encode())
+            continue
         if not rows:
             raise RuntimeError("no tick due: raise the number of jobs")
         now = time.monotonic()
         for row in rows[:ticks - done]:
-            query = tick_query(call, Tick.from_row(row, now), 60_000, None, key, NODE.encode().hex())
+            tick = Tick.from_row(row, now)
+            following = tick.planned_ns + HOUR_NS if recurring else None
+            query = tick_query(call, tick, 60_000, following, key, NODE.encode().hex())
             if not clean:
                 query = query[:query.index(b"; COMMIT; ") + len(b"; COMMIT; ")] + b"SELECT true"
             principal.execute(query, prepare=False)
@@ -103,12 +122,12 @@ def _round(scheduler: psycopg.Connection[Any], principal: psycopg.Connection[Any
 
 
 def _perf_round(scheduler: psycopg.Connection[Any], principal: psycopg.Connection[Any], call: bytes, key: bytes,
-                ticks: int, output: str) -> None:
+                ticks: int, output: str, recurring: bool) -> None:
     """One radix round under perf record, attached to the principal's backend."""
     perf = shutil.which("perf")
     if perf is None:
         raise RuntimeError("--perf: perf is not installed")
-    _round(scheduler, principal, call, key, WARM)
+    _round(scheduler, principal, call, key, WARM, recurring=recurring)
     if os.path.exists(output):
         os.remove(output)  # perf would keep it as FILE.old
     recorder = subprocess.Popen([perf, "record", "--call-graph", "dwarf,16384", "-e", "cpu-clock", "-F", "2000",
@@ -117,7 +136,7 @@ def _perf_round(scheduler: psycopg.Connection[Any], principal: psycopg.Connectio
     # perf says nothing when it is ready; its output file appears once it has attached
     wait_for(lambda: recorder.poll() is not None or os.path.exists(output), 10, "perf to attach")
     try:
-        _round(scheduler, principal, call, key, ticks)
+        _round(scheduler, principal, call, key, ticks, recurring=recurring)
     finally:
         recorder.send_signal(signal.SIGINT)
         _, err = recorder.communicate(timeout=60)
@@ -128,10 +147,11 @@ def _perf_round(scheduler: psycopg.Connection[Any], principal: psycopg.Connectio
 def run(db: BenchDatabase, args: argparse.Namespace) -> dict[str, Any]:
     # noop rounds advance no state: only the radix and noclean rounds (and the warm-ups) use up one-time jobs
     consumed = (args.ticks + WARM) * (2 * args.rounds + (1 if args.perf else 0)) + WARM
+    jobs = RECURRING_JOBS if args.recurring else consumed + 400
     with db.connect() as conn:
         conn.execute(b"INSERT INTO bench.counters (id) VALUES (0)")
-        conn.execute(CREATE_JOB.encode(), (db.principal,))
-        clone_jobs(conn, "t0", "c", consumed + 400, vary=False)
+        conn.execute((CREATE_RECURRING if args.recurring else CREATE_JOB).encode(), (db.principal,))
+        clone_jobs(conn, "t0", "c", jobs - 1, vary=False)
         if args.history > 0:
             conn.execute(HISTORY.encode(), (args.history,))
             conn.execute(b"VACUUM ANALYZE radix.radix_system_job_history")
@@ -145,20 +165,23 @@ def run(db: BenchDatabase, args: argparse.Namespace) -> dict[str, Any]:
         session = principal.execute(b"SELECT radix.attempt_session()").fetchone()
         assert session is not None
         key = bytes.fromhex(session[0])
-        _round(scheduler, principal, call, key, min(WARM, args.ticks))
+        # warm: plans cached, functions compiled, and (recurring) every job run once, as it is once it has run
+        _round(scheduler, principal, call, key, jobs if args.recurring else min(WARM, args.ticks),
+               recurring=args.recurring)
         for _ in range(args.rounds):
             for variant in VARIANTS:
                 definitions = [NOOP.format(signature=f) for f in SIGNATURES] if variant == "noop" else installed
                 for definition in definitions:
                     scheduler.execute(definition.encode())
                 clean = variant != "noclean"
-                _round(scheduler, principal, call, key, min(WARM, args.ticks), clean)
-                per_tick[variant].append(_round(scheduler, principal, call, key, args.ticks, clean))
+                _round(scheduler, principal, call, key, min(WARM, args.ticks), clean, args.recurring)
+                per_tick[variant].append(_round(scheduler, principal, call, key, args.ticks, clean, args.recurring))
         if args.perf:
             for definition in installed:
                 scheduler.execute(definition.encode())
-            _perf_round(scheduler, principal, call, key, args.ticks, args.perf)
-    result: dict[str, Any] = {"ticks_per_round": args.ticks, "rounds": args.rounds, "history_rows": args.history}
+            _perf_round(scheduler, principal, call, key, args.ticks, args.perf, args.recurring)
+    result: dict[str, Any] = {"ticks_per_round": args.ticks, "rounds": args.rounds, "history_rows": args.history,
+                              "jobs": "recurring" if args.recurring else "one-time"}
     for variant, values in per_tick.items():
         result[f"{variant}_server_cpu_us_per_tick"] = round(statistics.median(values))
         result[f"{variant}_range"] = f"{min(values):.0f}-{max(values):.0f}"

@@ -6291,10 +6291,12 @@ BEGIN
         IF kept IS NULL THEN
             PERFORM radix._prune_history(job);
         ELSIF counted + 1 > keep THEN
-            -- the oldest rows past the limit: the count is exact, so no walk from the newest
+            -- the oldest rows past the limit (one, but for a lowered limit): the count is exact, so the walk
+            -- starts from the oldest and stops at the last row to go
             DELETE FROM radix.radix_system_job_history h
-            WHERE h.history_id IN (SELECT o.history_id FROM radix.radix_system_job_history o
-                                   WHERE o.job_id = job ORDER BY o.history_id LIMIT counted + 1 - keep);
+            WHERE h.job_id = job AND h.history_id <= (
+                SELECT o.history_id FROM radix.radix_system_job_history o WHERE o.job_id = job
+                ORDER BY o.history_id OFFSET counted - keep LIMIT 1);
         END IF;
         RETURN;
     END IF;
