@@ -11,18 +11,18 @@ backend alone is read (no other backend, no client, no concurrency). Rounds alte
   (the same SECURITY DEFINER calls with the same settings, so what is left is the query itself: parsing, the
   CALL of ``bench.touch``, the commit, the clean);
 - ``noclean``: as ``radix``, with the clean after the COMMIT (engine/principals.py) replaced by
-  ``SELECT true``: what the clean's thirteen statements cost per tick.
+  ``SELECT true``: what the clean's twelve statements cost per tick.
 
 ``radix − noop`` is radixjobs' own work in the server per tick; the rest is what any scheduler that runs the
 procedure in its own transaction, as the principal, pays. ``--history N`` first gives every job N rows of
 history (then VACUUM ANALYZE), as a recurring job has once it has run N times: at or past its limit (256 by
-default) every tick also prunes its oldest row. The jobs are one-time jobs, each run once (its first tick:
-0015 counts its history then); ``--recurring`` runs 500 jobs EVERY 1 hour instead, each many times, made due
-again when none is (every job runs once before the rounds: a job's later ticks, as in a daemon that has run
-for a while). ``--perf FILE`` runs one more ``radix`` round, not counted,
-under ``perf record`` attached to the backend (perf must be installed; DWARF call graphs, as the server is
-built without frame pointers, so ``perf report --children`` gives each C function with what it calls).
-Each round reads CPU over ``--ticks`` ticks (the kernel counts in 10 ms steps: 2,000 ticks give about ±5 µs).
+default) every tick also prunes its oldest row. The jobs are one-time jobs, each run once; ``--recurring``
+runs 500 jobs EVERY 1 hour instead, each many times, made due again when none is (every job runs once before
+the rounds: a job's later ticks, as in a daemon that has run for a while). ``--perf FILE`` runs one more
+``radix`` round, not counted, under ``perf record`` attached to the backend (perf must be installed; DWARF
+call graphs, as the server is built without frame pointers, so ``perf report --children`` gives each C
+function with what it calls). Each round reads CPU over ``--ticks`` ticks (the kernel counts in 10 ms steps:
+2,000 ticks give about ±5 µs).
 """
 
 from __future__ import annotations
