@@ -15,6 +15,7 @@ import psycopg
 from radixjobs import migrate, output
 from radixjobs.config import Target, open_target
 from radixjobs.db import bound_lock_waits, connect
+from radixjobs.engine.batches import BATCH_MAX
 from radixjobs.errors import RadixError
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -120,6 +121,15 @@ def max_per_principal_option(default: str, counted: str = "in a database, all no
         "--max-per-principal", envvar="RADIXJOBS_MAX_PER_PRINCIPAL", default=None, type=click.IntRange(min=0),
         metavar="N", help=f"Attempts one principal (RUN AS role) may have running {counted}; 0: no cap. "
                           f"Default: {default}. Env: RADIXJOBS_MAX_PER_PRINCIPAL.")
+
+
+def tick_batch_option(function: F) -> F:
+    """``--tick-batch N`` (or RADIXJOBS_TICK_BATCH; the flag wins): engine/batches.py."""
+    return click.option(
+        "--tick-batch", envvar="RADIXJOBS_TICK_BATCH", default=BATCH_MAX, show_default=True,
+        type=click.IntRange(1, 64), metavar="N",
+        help="Under a backlog, run up to N due ticks of one principal, owner and procedure in one transaction "
+             "(1: each tick alone; docs/guarantees.md#tick-batches). Env: RADIXJOBS_TICK_BATCH.")(function)
 
 
 def input_name(file: Any) -> str:

@@ -6,7 +6,14 @@ from typing import Any
 
 import click
 
-from radixjobs.cli.common import Options, common_options, emit, ensure_schema, max_per_principal_option
+from radixjobs.cli.common import (
+    Options,
+    common_options,
+    emit,
+    ensure_schema,
+    max_per_principal_option,
+    tick_batch_option,
+)
 from radixjobs.config import open_target
 from radixjobs.db import connect
 
@@ -19,12 +26,13 @@ from radixjobs.db import connect
 @click.option("--concurrency", default=8, show_default=True, type=click.IntRange(1, 256),
               help="Attempts run at the same time.")
 @max_per_principal_option("half of --concurrency")
+@tick_batch_option
 @click.option("--lease-seconds", default=300, show_default=True, type=click.IntRange(3, 86_400), metavar="N",
               help="Claim lease; renewed every N/3 s while the attempt runs, so it bounds how long a dead "
                    "node's claim blocks a job, not how long a job may run.")
 @common_options
 def run_command(opts: Options, once: bool, seconds: float | None, node_id: str | None, concurrency: int,
-                max_per_principal: int | None, lease_seconds: int) -> None:
+                max_per_principal: int | None, tick_batch: int, lease_seconds: int) -> None:
     """Run due jobs of one database in the foreground (the daemon is `serve`)."""
     import asyncio
 
@@ -35,7 +43,8 @@ def run_command(opts: Options, once: bool, seconds: float | None, node_id: str |
 
     async def go(dsn: str) -> dict[str, Any]:
         async with Engine(dsn, node_id=node_id, concurrency=concurrency,
-                          max_per_principal=max_per_principal, lease_s=lease_seconds) as engine:
+                          max_per_principal=max_per_principal, lease_s=lease_seconds,
+                          tick_batch=tick_batch) as engine:
             ran = await engine.run_due() if once else await engine.run_for(seconds or 0.0)
             return {"attempts": ran, "node": engine.node_id, "counters": dict(engine.counters),
                     "last_error": engine.last_error}

@@ -17,6 +17,7 @@ from radixjobs.cli.common import (
     ensure_schema,
     many_dsns_options,
     max_per_principal_option,
+    tick_batch_option,
 )
 from radixjobs.config import Target, open_target, resolve_dsn
 from radixjobs.config_file import ConfigFileCommand, config_option
@@ -52,6 +53,7 @@ if TYPE_CHECKING:
               help="Attempts running at once per --dsn target (cluster). [default: --concurrency split evenly "
                    "among the targets]")
 @max_per_principal_option("half of --per-database-concurrency")
+@tick_batch_option
 @click.option("--grace", default=30.0, show_default=True, type=click.FloatRange(min=0),
               help="Seconds running attempts get to finish on shutdown before they are cancelled.")
 @click.option("--poll", default=1.0, show_default=True, type=click.FloatRange(min=0.01),
@@ -73,7 +75,7 @@ if TYPE_CHECKING:
 def serve_command(opts: Options, http: str, http_max_connections: int | None, http_request_timeout: float,
                   http_auth: str, http_token: str | None, all_databases: bool, node_id: str | None, concurrency: int,
                   per_database_concurrency: int, per_cluster_concurrency: int | None, max_per_principal: int | None,
-                  grace: float, poll: float,
+                  tick_batch: int, grace: float, poll: float,
                   discovery_interval: float, lease_seconds: int, log_format: str, event_loop: str, demo: bool,
                   services: tuple[str, ...]) -> None:
     """Run the scheduler daemon until SIGINT/SIGTERM (several clusters: repeat --dsn)."""
@@ -105,7 +107,7 @@ def serve_command(opts: Options, http: str, http_max_connections: int | None, ht
                               max_per_principal=max_per_principal,
                               grace_s=grace, poll_s=poll, discovery_s=discovery_interval, services=allowed,
                               lease_s=lease_seconds, extra_dsns=[other.dsn for other in others],
-                              per_cluster_concurrency=per_cluster_concurrency)
+                              per_cluster_concurrency=per_cluster_concurrency, tick_batch=tick_batch)
         if node_id:
             config.node_id = node_id
         auth = _console_auth(target.dsn, http_auth, http_token)

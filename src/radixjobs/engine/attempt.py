@@ -57,6 +57,12 @@ def begin_tick_refused(exc: psycopg.Error) -> bool:
             and "radix.begin_tick(" in context)
 
 
+async def cleaned(cur: psycopg.AsyncCursor[Any]) -> bool:
+    """Did the clean at the end of an attempt's query pass its identity check (its last result)?"""
+    row = await (await cur.set_result(-1)).fetchone()
+    return bool(row and row[0] is True)
+
+
 def attempt_mac(session_key: bytes, token: uuid.UUID) -> str:
     """The MAC of a lease token for the backend whose session key this is (radix.attempt_session())."""
     return hashlib.sha256(session_key + token.bytes).hexdigest()
@@ -171,6 +177,23 @@ class AttemptRunner:
         outcome.cancel_requested = cancel.is_set()
         return outcome
 
+    async def run_batch(self, conn: psycopg.AsyncConnection[Any], query: bytes, limit_s: float,
+                        cancel: asyncio.Event) -> tuple[Outcome, psycopg.AsyncCursor[Any] | None]:
+        """Run a batch of ticks (engine/batches.py) as one query; never raises for failures. Past
+        ``limit_s`` the query is cancelled (and its backend ended after the grace), as on ``cancel``.
+        Returns the outcome of the query as a whole and, when it succeeded, its cursor."""
+        watched = _Watched(conn, conn.info.backend_pid)
+        self._active.add(watched)
+        timer = asyncio.get_running_loop().call_later(limit_s, self._end, watched, True)
+        self._watch_cancel(cancel, watched)
+        try:
+            return await self._query(conn, query)
+        finally:
+            timer.cancel()
+            self._active.discard(watched)
+            if watched.ending is not None:
+                watched.ending.cancel()
+
     def hold(self, conn: psycopg.AsyncConnection[Any], token: uuid.UUID) -> bool:
         """The attempt running on ``conn`` now holds the lease ``token`` (a tick published as a lease), so
         ``lose(token)`` ends it. False when no attempt runs on ``conn``."""
@@ -239,6 +262,15 @@ class AttemptRunner:
                                                         session_key))
 
     async def _one_query(self, conn: psycopg.AsyncConnection[Any], query: bytes) -> Outcome:
+        outcome, cur = await self._query(conn, query)
+        if cur is not None:
+            outcome.cleaned = await cleaned(cur)
+        return outcome
+
+    async def _query(self, conn: psycopg.AsyncConnection[Any],
+                     query: bytes) -> tuple[Outcome, psycopg.AsyncCursor[Any] | None]:
+        """One transaction as one simple query, rolled back when it failed inside; a failure elsewhere (at
+        COMMIT, in the clean, or a broken connection) is in doubt."""
         try:
             cur = await conn.execute(query, prepare=False)
         except psycopg.Error as exc:
@@ -248,9 +280,8 @@ class AttemptRunner:
                     await conn.execute(b"ROLLBACK", prepare=False)
             outcome = self._failure(exc, atomic=True, in_doubt=not aborted)
             outcome.elsewhere = begin_tick_refused(exc)
-            return outcome
-        row = await (await cur.set_result(-1)).fetchone()  # the clean's identity check, the last result
-        return Outcome(succeeded=True, atomic=True, finalised=True, cleaned=bool(row and row[0] is True))
+            return outcome, None
+        return Outcome(succeeded=True, atomic=True, finalised=True), cur
 
     async def _non_atomic(self, conn: psycopg.AsyncConnection[Any], job: JobDefinition, claim: Claim,
                           next_planned_ns: int | None) -> Outcome:

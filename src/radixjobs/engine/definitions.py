@@ -19,7 +19,7 @@ LOAD_DEFINITIONS = """
 SELECT j.job_id, j.definition_version, j.schema_name, j.job_name, j.principal_name, j.procedure_signature,
        n.nspname AS procedure_schema, p.proname AS procedure_name, j.arguments, j.deadline_ms,
        j.non_atomic, j.schedule_kind, j.interval_ns, j.starting_at_ns, j.at_ns, j.cron_expression,
-       j.cron_time_zone, j.max_attempts
+       j.cron_time_zone, j.max_attempts, j.owner_name
 FROM radix.jobs j
 LEFT JOIN pg_catalog.pg_proc p ON p.oid = j.procedure_oid
 LEFT JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
@@ -36,7 +36,7 @@ SELECT c.job_id, c.definition_version, c.lease_token, c.planned_ns, c.attempt, c
        c.coalesced, c.anchor_ns,
        j.definition_version, j.schema_name, j.job_name, j.principal_name, j.procedure_signature,
        n.nspname, p.proname, j.arguments::text, j.deadline_ms, j.non_atomic, j.schedule_kind, j.interval_ns,
-       j.starting_at_ns, j.at_ns, j.cron_expression, j.cron_time_zone, j.max_attempts
+       j.starting_at_ns, j.at_ns, j.cron_expression, j.cron_time_zone, j.max_attempts, j.owner_name
 FROM radix.claim_due(%s::pg_catalog.text, %s::pg_catalog.int4, %s::pg_catalog.bool, %s::pg_catalog.int4,
                      %s::pg_catalog.int4, true) c
 JOIN radix.jobs j ON j.job_id = c.job_id
@@ -47,7 +47,7 @@ CLAIM_COLUMNS = 9  # the Claim's fields; the definition's columns follow
 DEFINITION_COLUMNS = ("definition_version", "schema_name", "job_name", "principal_name", "procedure_signature",
                       "procedure_schema", "procedure_name", "arguments", "deadline_ms", "non_atomic",
                       "schedule_kind", "interval_ns", "starting_at_ns", "at_ns", "cron_expression",
-                      "cron_time_zone", "max_attempts")
+                      "cron_time_zone", "max_attempts", "owner_name")
 
 
 @dataclass(frozen=True)
@@ -64,6 +64,7 @@ class JobDefinition:
     non_atomic: bool
     schedule: Schedule
     max_attempts: int = 5  # WITH (max_attempts = N): attempts per tick, retries included
+    owner: str = ""  # the job's owner (ticks batch only with their owner's: engine/batches.py)
 
     def next_planned_after(self, planned_ns: int, anchor_ns: int) -> int | None:
         """The tick after ``planned_ns`` (None: no further tick, e.g. a one-time job)."""
@@ -145,7 +146,7 @@ def definition_from_row(row: dict[str, Any]) -> JobDefinition:
         name=f"{row['schema_name']}.{row['job_name']}", principal=row["principal_name"],
         signature=row["procedure_signature"], call=call,
         deadline_ms=int(row["deadline_ms"]), non_atomic=bool(row["non_atomic"]), schedule=schedule_of(row),
-        max_attempts=int(row["max_attempts"]))
+        max_attempts=int(row["max_attempts"]), owner=str(row.get("owner_name") or ""))
 
 
 class DefinitionCache:

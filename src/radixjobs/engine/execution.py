@@ -36,7 +36,7 @@ from radixjobs.db import first_line
 from radixjobs.engine.attempt import NON_ATOMIC_SQLSTATE, AttemptRunner, Claim, Outcome
 from radixjobs.engine.definitions import JobDefinition
 from radixjobs.engine.principals import PrincipalPools
-from radixjobs.engine.ticks import CLAIM_TICK, PUBLISH_AFTER_S, RECORD_LOST_TICK, Tick, tick_query
+from radixjobs.engine.ticks import CLAIM_TICK, PUBLISH_AFTER_S, RECORD_LOST_TICK, Durations, Tick, tick_query
 
 if TYPE_CHECKING:
     from radixjobs.observe import Observer
@@ -49,6 +49,12 @@ SUCCESS_LINES_PER_S = 10
 # Test hook: awaited at "claimed" (before the attempt) and "executed" (before finalisation), so crash
 # tests can kill the process at exactly those points.
 Pause = Callable[[str], Awaitable[None]]
+
+
+def tick_claim(tick: Tick) -> Claim:
+    """The tick as the claim it is not (yet): its token stands for the lease token."""
+    return Claim(tick.job_id, tick.definition_version, tick.token, tick.planned_ns, tick.attempt,
+                 f"{tick.job_id}/{tick.planned_ns}", False, tick.coalesced, tick.anchor_ns)
 
 
 class Execution:
@@ -67,6 +73,7 @@ class Execution:
     _pause: Pause | None
     _ticking: dict[uuid.UUID, Tick]
     _ticking_by: Counter[int]
+    _durations: Durations
     _node_hex: str
     _log_second = 0.0
     _log_budget = SUCCESS_LINES_PER_S
@@ -108,9 +115,7 @@ class Execution:
             job = await self._definition(tick.job_id, tick.definition_version)
             if job is None:  # dropped since it was found
                 return
-            # the tick as the claim it is not (yet): its token stands for the lease token
-            claim = Claim(tick.job_id, tick.definition_version, tick.token, tick.planned_ns, tick.attempt,
-                          f"{tick.job_id}/{tick.planned_ns}", False, tick.coalesced, tick.anchor_ns)
+            claim = tick_claim(tick)
             next_planned = job.next_planned_after(claim.planned_ns, claim.anchor_ns)
             started = time.monotonic()
             if self._pause:
@@ -150,9 +155,12 @@ class Execution:
                 asyncio.create_task(self._publish(conn, tick, published, started))))
             query = tick_query(job.call, tick, job.deadline_ms, next_planned, self._principals.session_key(conn),
                                self._node_hex)
+            began = time.monotonic()
             try:
                 outcome = await self._runner.run(conn, job, claim, next_planned, self.cancel,
                                                  self._principals.session_key(conn), query)
+                if outcome.succeeded:  # the query's own time, for batches (engine/batches.py)
+                    self._durations.note(job.signature, (time.monotonic() - began) * 1000)
             finally:
                 timer.cancel()
                 if publishing:

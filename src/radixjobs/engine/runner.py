@@ -34,6 +34,7 @@ from psycopg_pool import AsyncConnectionPool
 from radixjobs import retry
 from radixjobs.db import POOL_OPEN_TIMEOUT_S, abound_lock_waits, scheduler_dsn
 from radixjobs.engine.attempt import AttemptRunner, Claim
+from radixjobs.engine.batches import BATCH_MAX, BatchExecution
 from radixjobs.engine.definitions import (
     CLAIM,
     CLAIM_COLUMNS,
@@ -42,20 +43,13 @@ from radixjobs.engine.definitions import (
     JobDefinition,
     definition_from_row,
 )
-from radixjobs.engine.execution import Execution, Pause
+from radixjobs.engine.execution import Pause
 from radixjobs.engine.leases import DEFAULT_LEASE_S, LeaseKeeper
 from radixjobs.engine.nodes import register_node
 from radixjobs.engine.planning import CRON_DUE, plan_cron
 from radixjobs.engine.principals import PrincipalPools
 from radixjobs.engine.slots import Slots
-from radixjobs.engine.ticks import (
-    FIND_BATCH,
-    FIND_TICKS,
-    HORIZON_MS,
-    Tick,
-    TickQueue,
-    node_hex,
-)
+from radixjobs.engine.ticks import FIND_BATCH, FIND_TICKS, HORIZON_MS, Durations, Tick, TickQueue, node_hex
 from radixjobs.fairness import principal_cap
 
 if TYPE_CHECKING:
@@ -78,7 +72,7 @@ NEXT_DUE = "SELECT " + NEXT_DUE_IN
 AFTER_FIND = "SELECT " + NEXT_DUE_IN + ", radix.lease_work_due(%s::pg_catalog.text) OR " + CRON_DUE
 
 # The fixed set of counters an engine reports (status and metrics never grow with jobs or errors).
-COUNTER_KEYS = ("claims", "successes", "retries", "coalesced_ticks", "lease_recoveries", "leases_lost",
+COUNTER_KEYS = ("claims", "batched_ticks", "successes", "retries", "coalesced_ticks", "lease_recoveries", "leases_lost",
                 "terminations", *(f"failures_{c}" for c in retry.Category))
 
 
@@ -87,13 +81,13 @@ def default_node_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-class Engine(Execution):
+class Engine(BatchExecution):
     """Runs due work of one database. ``async with Engine(dsn) as e: await e.run_due()``."""
 
     def __init__(self, dsn: str, *, node_id: str | None = None, concurrency: int = 8,
                  grace_s: float = 5.0, pause: Pause | None = None, shared_slots: Slots | None = None,
                  finished: asyncio.Event | None = None, max_per_principal: int | None = None,
-                 lease_s: int = DEFAULT_LEASE_S):
+                 lease_s: int = DEFAULT_LEASE_S, tick_batch: int = BATCH_MAX):
         self.dsn = scheduler_dsn(dsn)
         self.node_id = node_id or default_node_id()
         self.concurrency = concurrency
@@ -123,7 +117,9 @@ class Engine(Execution):
                                          self._lose)
         self._queue = TickQueue()  # ticks found, not started (engine/ticks.py)
         self._ticking: dict[uuid.UUID, Tick] = {}  # ticks running here, by job
-        self._ticking_by: Counter[int] = Counter()  # … and by principal (oid)
+        self._ticking_by: Counter[int] = Counter()  # … and connections running them, by principal (oid)
+        self._durations = Durations()  # procedures' last attempts here: only short ones batch
+        self.tick_batch = tick_batch  # ticks per batch (engine/batches.py); 1: each alone
         self._lease_due = True  # the lease path may have work (radix.lease_work_due): claim_due's turn
         self._find_now = False  # a notification came: find ticks even if some are queued
         self._node_hex = node_hex(self.node_id)
@@ -319,20 +315,26 @@ class Engine(Execution):
             self.observer.claimed(time.monotonic() - began)
 
     def _start_ticks(self) -> int:
-        """Start the queued ticks that are due, as far as free slots and the principals' caps allow."""
+        """Start the queued ticks that are due, as far as free slots and the principals' caps allow; due
+        ticks left over then join a batch of their principal's when they can (engine/batches.py)."""
         free = self._free_slots()
         if free <= 0 or not len(self._queue):
             return 0
-        ticks = self._queue.take(free, self._ticking_by, self.max_per_principal, time.monotonic())
-        for tick in ticks:
+        now = time.monotonic()
+        leads = self._queue.take(free, self._ticking_by, self.max_per_principal, now)
+        started = 0
+        for lead in leads:
             self._slots.reserve(1)
             self._shared.reserve(1)
-            self._ticking[tick.job_id] = tick
-            self._ticking_by[tick.principal] += 1
-            self.counters["claims"] += 1
-            self.counters["coalesced_ticks"] += tick.coalesced
-            self._spawn(self._run_tick(tick))
-        return len(ticks)
+            self._ticking_by[lead.principal] += 1
+            batch = self._batch_with(lead, now)
+            for tick in [item.tick for item in batch] or [lead]:
+                self._ticking[tick.job_id] = tick
+                self.counters["claims"] += 1
+                self.counters["coalesced_ticks"] += tick.coalesced
+                started += 1
+            self._spawn(self._run_batch(batch) if batch else self._run_tick(lead))
+        return started
 
     def _attempt_done(self, task: asyncio.Task[None]) -> None:
         self._running.discard(task)

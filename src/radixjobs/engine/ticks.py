@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import collections
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,6 +38,10 @@ QUEUE_TTL_S = 0.5
 CAPPED_ELSEWHERE_RECHECK_S = 0.1
 # A tick still running after this long is published as a lease (visible, renewed, fenced).
 PUBLISH_AFTER_S = 1.0
+# Only procedures whose last attempt here took at most this long run in batches (engine/batches.py).
+BATCH_TICK_MS = 10.0
+# Procedures whose last duration is remembered (least recently noted forgotten first).
+MAX_DURATIONS = 10_000
 
 
 FIND_TICKS = ("SELECT * FROM radix.find_ticks(%s::pg_catalog.text, %s::pg_catalog.int4, %s::pg_catalog.int4, "
@@ -142,6 +146,24 @@ class TickQueue:
             del self._queued[principal]
         return taken
 
+    def take_like(self, lead: Tick, limit: int, now: float, fits: Callable[[Tick], bool]) -> list[Tick]:
+        """Up to ``limit`` more ticks of ``lead``'s principal due by ``now`` that ``fits`` accepts, oldest
+        first, for a batch with ``lead`` (engine/batches.py); the others keep their places."""
+        queued = self._queued.get(lead.principal)
+        if not queued or limit <= 0:
+            return []
+        taken: list[Tick] = []
+        kept: collections.deque[Tick] = collections.deque()
+        while queued and len(taken) < limit and queued[0].due_at <= now:
+            tick = queued.popleft()
+            (taken if fits(tick) else kept).append(tick)
+        kept.extend(queued)
+        if kept:
+            self._queued[lead.principal] = kept
+        else:
+            del self._queued[lead.principal]
+        return taken
+
     def next_due_in(self, running: dict[int, int], cap: int, now: float) -> float | None:
         """Seconds until a queued tick could start as far as time and caps go, or until ticks held back by
         attempts elsewhere are looked at again (None: every one waits for an attempt here to end)."""
@@ -155,3 +177,22 @@ class TickQueue:
 def node_hex(node_id: str) -> str:
     return node_id.encode("utf-8").hex()
 
+
+
+class Durations:
+    """How long each procedure's last attempt here took (by signature), to batch only short ones."""
+
+    def __init__(self, limit: int = MAX_DURATIONS) -> None:
+        self._ms: collections.OrderedDict[str, float] = collections.OrderedDict()
+        self.limit = limit
+
+    def note(self, signature: str, ms: float) -> None:
+        self._ms[signature] = ms
+        self._ms.move_to_end(signature)
+        if len(self._ms) > self.limit:
+            self._ms.popitem(last=False)
+
+    def short(self, signature: str) -> bool:
+        """Did the procedure's last attempt here take at most BATCH_TICK_MS? (False when none is known.)"""
+        ms = self._ms.get(signature)
+        return ms is not None and ms <= BATCH_TICK_MS

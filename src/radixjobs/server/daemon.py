@@ -19,6 +19,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from radixjobs import migrate, observe, retry
 from radixjobs.db import scheduler_dsn
 from radixjobs.documents.scheduler import COUNTER_KEYS as DOCUMENT_COUNTER_KEYS
+from radixjobs.engine.batches import BATCH_MAX
 from radixjobs.engine.leases import DEFAULT_LEASE_S
 from radixjobs.engine.runner import COUNTER_KEYS
 from radixjobs.engine.slots import Slots
@@ -48,6 +49,7 @@ class DaemonConfig:
     lease_s: int = DEFAULT_LEASE_S  # claim lease, renewed every third of it while the attempt runs
     extra_dsns: list[str] = field(default_factory=list)  # further targets (serve --dsn repeated)
     per_cluster_concurrency: int | None = None  # slots per target; None: --concurrency split evenly
+    tick_batch: int = BATCH_MAX  # ticks per batch under a backlog (engine/batches.py); 1: each tick alone
 
 
 def dsn_for_database(dsn: str, dbname: str) -> str:

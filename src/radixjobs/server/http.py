@@ -54,7 +54,8 @@ class DaemonCollector(Collector):
     def collect(self) -> Iterable[Metric]:
         counters = self.daemon.counters()
         simple = {
-            "claims": "Ticks claimed", "successes": "Attempts that succeeded", "retries": "Attempts retried",
+            "claims": "Ticks claimed", "batched_ticks": "Ticks run in a batch of ticks",
+            "successes": "Attempts that succeeded", "retries": "Attempts retried",
             "coalesced_ticks": "Missed interval ticks coalesced", "lease_recoveries": "Expired or orphaned "
             "claims resumed", "leases_lost": "Attempts whose lease was lost", "terminations": "Backends "
             "terminated past their deadline",

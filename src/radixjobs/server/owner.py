@@ -15,6 +15,7 @@ from psycopg import sql
 from radixjobs.db import first_line, scheduler_dsn
 from radixjobs.documents.scheduler import DocumentScheduler
 from radixjobs.engine import Engine
+from radixjobs.engine.batches import BATCH_MAX
 from radixjobs.engine.leases import DEFAULT_LEASE_S
 from radixjobs.engine.slots import Slots
 from radixjobs.observe import Observer
@@ -31,9 +32,11 @@ class DatabaseOwner:
 
     def __init__(self, name: str, dsn: str, *, node_id: str, slots: Slots, concurrency: int,
                  poll_s: float = 1.0, grace_s: float = 5.0, services: Mapping[str, str] | None = None,
-                 max_per_principal: int | None = None, lease_s: int = DEFAULT_LEASE_S):
+                 max_per_principal: int | None = None, lease_s: int = DEFAULT_LEASE_S,
+                 tick_batch: int = BATCH_MAX):
         self.name = name
         self.lease_s = lease_s
+        self.tick_batch = tick_batch
         self.dsn = dsn
         self.node_id = node_id
         self.slots = slots
@@ -102,7 +105,7 @@ class DatabaseOwner:
     async def _serve(self) -> None:
         engine = Engine(self.dsn, node_id=self.node_id, concurrency=self.concurrency, grace_s=5.0,
                         shared_slots=self.slots, finished=self.wake, max_per_principal=self.max_per_principal,
-                        lease_s=self.lease_s)
+                        lease_s=self.lease_s, tick_batch=self.tick_batch)
         engine.observer = self.observer
         await engine.start()
         self.engine = engine

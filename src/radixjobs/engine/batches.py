@@ -1,0 +1,194 @@
+"""Tick batches (0015_tick_batches.sql): under a backlog, up to ``BATCH_MAX`` one-transaction ticks of one
+principal, one owner and one procedure run in one transaction on one principal connection,
+``BEGIN; SELECT * FROM radix.run_tick(…); …; COMMIT;`` and the connection's clean, one simple query.
+
+Invariants:
+- A batch forms only from a backlog: the queue deals due ticks to free slots first (engine/ticks.py), and a
+  batch takes only due ticks left over, so a tick that could start alone never waits for company.
+- Each tick runs in radix.run_tick's subtransaction: its procedure and its completion marker commit with
+  the batch, or roll back alone. run_tick's row says which step failed (a PL/pgSQL variable, out of the
+  procedure's reach); after the COMMIT a failed tick takes the lone tick's way for a failure
+  (``_tick_outcome``: a lease of that tick, then its outcome recorded), on the same connection.
+- A batch that did not commit (a statement timeout or a cancel aborts it whole; one still running after
+  ``BATCH_RUN_S`` is cancelled) left every tick as found: each then runs alone. When the COMMIT is in doubt,
+  each tick's marker is read from the history, and a tick without one runs alone.
+- Only procedures whose last attempt here took at most BATCH_TICK_MS run in batches (ticks.Durations): a
+  batch holds its ticks' locks and hides their effects until its COMMIT, so no long procedure holds others.
+- The ticks of a batch share a transaction: its now(), the SET LOCALs of earlier ticks, their temporary
+  objects, and the query text (current_query()), which carries every tick's MAC. Hence one principal, one
+  owner, one procedure: what one tick's code could do to another, the same code could do to itself. A
+  role switched by an earlier tick is caught by run_tick (RXT02), and that tick runs alone afterwards.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+
+from radixjobs.db import first_line
+from radixjobs.engine.attempt import TICK_ELSEWHERE_SQLSTATE, Outcome, attempt_mac, cleaned
+from radixjobs.engine.definitions import DefinitionCache, JobDefinition, dollar_quoted
+from radixjobs.engine.execution import Execution, log, tick_claim
+from radixjobs.engine.principals import clean_statement
+from radixjobs.engine.ticks import PUBLISH_AFTER_S, Tick, TickQueue
+
+BATCH_MAX = 8  # ticks per batch by default (serve --tick-batch)
+BATCH_RUN_S = PUBLISH_AFTER_S  # a batch still running after this is cancelled, its ticks run alone
+NOT_RUN_SQLSTATE = "RXT02"  # radix.run_tick: the session's role changed, the tick was not started
+
+# Every value is a quoted literal of digits, hex or a UUID with an explicit cast (as engine/ticks.py); the
+# CALL's DO block is a dollar-quoted constant. The statement_timeout set before each tick bounds that tick.
+RUN_TICK = ("SELECT pg_catalog.set_config('statement_timeout', '{ms}'::pg_catalog.text, true); "
+            "SELECT * FROM radix.run_tick('{job}'::pg_catalog.uuid, '{planned}'::pg_catalog.int8, "
+            "'{mac}'::pg_catalog.text, {call}::pg_catalog.text, {next}::pg_catalog.int8, '{node}'::pg_catalog.text); ")
+
+
+@dataclass(frozen=True)
+class BatchItem:
+    """One tick of a batch, with the definition it runs under and the tick after it."""
+
+    job: JobDefinition
+    tick: Tick
+    next_planned_ns: int | None
+
+
+def batch_key(job: JobDefinition) -> tuple[str, str, str]:
+    return job.principal, job.owner, job.signature
+
+
+def batch_query(items: list[BatchItem], session_key: bytes, node_hex: str) -> bytes:
+    """The batch as one simple query. Results: BEGIN, then two per tick (the timeout, run_tick's row:
+    ``run_tick_result``), COMMIT, and the clean's (its identity check last)."""
+    parts = [b"BEGIN; "]
+    for item in items:
+        assert item.job.call is not None
+        following = "NULL" if item.next_planned_ns is None else f"'{int(item.next_planned_ns)}'"
+        parts.append(RUN_TICK.format(ms=int(item.job.deadline_ms), job=item.tick.job_id,
+                                     planned=int(item.tick.planned_ns), mac=attempt_mac(session_key, item.tick.token),
+                                     call=dollar_quoted(item.job.call.decode(), "radix_call"), next=following,
+                                     node=node_hex).encode())
+    parts.append(b"COMMIT; ")
+    parts.append(clean_statement())
+    return b"".join(parts)
+
+
+def run_tick_result(index: int) -> int:
+    """The result of the ``index``-th tick's run_tick row in the batch's query."""
+    return 2 + 2 * index
+
+
+class BatchExecution(Execution):
+    """The batches of an Engine: forming them from its queue, running them, and each tick's outcome."""
+
+    _queue: TickQueue
+    _definitions: DefinitionCache
+    tick_batch: int
+
+    def _batchable(self, job: JobDefinition | None) -> bool:
+        return (job is not None and job.call is not None and not job.non_atomic
+                and self._durations.short(job.signature))
+
+    def _batch_with(self, lead: Tick, now: float) -> list[BatchItem]:
+        """A batch led by ``lead``: the due ticks still queued of the same principal, owner and procedure,
+        up to ``tick_batch`` in all (none when ``lead`` may not run in a batch or has no company)."""
+        job = self._definitions.get((lead.job_id, lead.definition_version))
+        if job is None or not self._batchable(job):
+            return []
+        key = batch_key(job)
+
+        def fits(tick: Tick) -> bool:
+            other = self._definitions.get((tick.job_id, tick.definition_version))
+            return other is not None and self._batchable(other) and batch_key(other) == key
+
+        others = self._queue.take_like(lead, self.tick_batch - 1, now, fits)
+        if not others:
+            return []
+        self.counters["batched_ticks"] += 1 + len(others)
+        items = []
+        for tick in [lead, *others]:
+            member = self._definitions.get((tick.job_id, tick.definition_version))
+            assert member is not None
+            items.append(BatchItem(member, tick, member.next_planned_after(tick.planned_ns, tick.anchor_ns)))
+        return items
+
+    async def _run_batch(self, items: list[BatchItem]) -> None:
+        try:
+            alone = await self._execute_batch(items)
+            for item in alone:  # not run in the batch: each as a lone tick (engine/execution.py)
+                started = time.monotonic()
+                claim = tick_claim(item.tick)
+                result = await self._execute_tick(item.job, item.tick, claim, item.next_planned_ns)
+                if result is not None:
+                    self._attempt_logged(item.job, claim, result, started)
+        finally:
+            for item in items:
+                self._ticking.pop(item.tick.job_id, None)
+            principal = items[0].tick.principal
+            self._ticking_by[principal] -= 1
+            if self._ticking_by[principal] <= 0:
+                del self._ticking_by[principal]
+
+    async def _execute_batch(self, items: list[BatchItem]) -> list[BatchItem]:
+        """Run the batch and record each tick's outcome; returns the ticks to run alone."""
+        job = items[0].job
+        started = time.monotonic()
+        if self._pause:
+            await self._pause("claimed")
+        async with contextlib.AsyncExitStack() as stack:
+            try:
+                conn = await stack.enter_async_context(self._principals.connection(job.principal))
+            except psycopg.OperationalError as exc:  # could not log in: each tick fails alone, as it would
+                log.debug("batch not run node=%s: %s", self.node_id, first_line(exc))
+                return items
+            began = datetime.datetime.now(datetime.UTC)
+            query = batch_query(items, self._principals.session_key(conn), self._node_hex)
+            sent = time.monotonic()
+            outcome, cur = await self._runner.run_batch(conn, query, BATCH_RUN_S, self.cancel)
+            elapsed_ms = (time.monotonic() - sent) * 1000
+            rows: list[tuple[Any, ...] | None] = []
+            if cur is None:
+                self._durations.note(job.signature, elapsed_ms)  # too slow, or failed whole: alone next
+                if not outcome.in_doubt:  # rolled back: nothing of it committed
+                    return items
+                for item in items:  # a tick without its marker did not commit: it runs alone
+                    committed = await self._committed(tick_claim(item.tick))
+                    rows.append((None, None, None) if committed else ("begin", NOT_RUN_SQLSTATE, ""))
+            else:
+                self._durations.note(job.signature, elapsed_ms / len(items))
+                if await cleaned(cur):
+                    self._principals.mark_clean(conn)
+                for index in range(len(items)):
+                    rows.append(await (await cur.set_result(run_tick_result(index))).fetchone())
+            try:
+                return await self._record(conn, items, rows, began, started)
+            except BaseException:
+                await conn.close()
+                raise
+        raise AssertionError("unreachable")  # pragma: no cover (mypy: the exit stack swallows nothing)
+
+    async def _record(self, conn: psycopg.AsyncConnection[Any], items: list[BatchItem],
+                      rows: list[tuple[Any, ...] | None], began: datetime.datetime,
+                      started: float) -> list[BatchItem]:
+        """Each tick's outcome as run_tick reported it, recorded as a lone tick's; returns those not run."""
+        alone: list[BatchItem] = []
+        for item, row in zip(items, rows, strict=True):
+            failed_at, sqlstate, message = row if row is not None else ("begin", NOT_RUN_SQLSTATE, "")
+            if failed_at is None:
+                outcome = Outcome(succeeded=True, atomic=True, finalised=True)
+            elif failed_at == "begin" and sqlstate == NOT_RUN_SQLSTATE:
+                alone.append(item)
+                continue
+            else:
+                outcome = Outcome(False, True, False, sqlstate=sqlstate, message=str(message or ""),
+                                  elsewhere=failed_at == "begin" and sqlstate == TICK_ELSEWHERE_SQLSTATE)
+            claim = tick_claim(item.tick)
+            result = await self._tick_outcome(conn, item.job, item.tick, claim, item.next_planned_ns, outcome,
+                                              [], began)
+            if result is not None:
+                self._attempt_logged(item.job, claim, result, started)
+        return alone

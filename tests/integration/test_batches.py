@@ -1,0 +1,98 @@
+"""Tick batches through the engine (0015_tick_batches.sql, engine/batches.py): a backlog of short ticks of one
+principal, owner and procedure runs in batches, each tick once; a tick that fails fails alone, a procedure
+that commits inside is run non-atomically, and a batch that times out runs its ticks alone."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from radixjobs.engine import ticks
+from tests.apps import App, run_engine
+
+MAYBE = """
+CREATE PROCEDURE app.maybe(tag text) LANGUAGE plpgsql AS $$
+BEGIN
+  IF tag = 'bad' THEN RAISE EXCEPTION 'bad tick %', tag; END IF;
+  IF tag = 'slow' THEN PERFORM pg_sleep(3); END IF;
+  IF tag = 'commits' THEN COMMIT; END IF;
+  CALL app.record(tag);
+END $$
+"""
+
+
+@pytest.fixture(autouse=True)
+def short(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every procedure here counts as short once it has run (BATCH_TICK_MS): a first run's time on a busy
+    machine (plans, compiled functions) would make the batches depend on the clock."""
+    monkeypatch.setattr(ticks, "BATCH_TICK_MS", 60_000.0)
+
+
+def _jobs(app: App, tags: list[str], options: str = "") -> list[str]:
+    """One due job per tag, each calling app.maybe(tag), after a job 'lead' due before them: the lead runs
+    alone (its procedure's duration is not known yet), and the others then form batches."""
+    app.conn.execute(MAYBE.encode())
+    return [app.job(f"CREATE JOB app.j{i} SCHEDULE AT TIMESTAMP '{2019 if i == 0 else 2020}-01-01' RUN AS {{p}} "
+                    f"CALL app.maybe('{tag}') {options}") for i, tag in enumerate(["lead", *tags])]
+
+
+def _run(app: App, **kwargs: Any) -> Any:
+    return run_engine(app.dsn, lambda e: e.run_due(), concurrency=1, **kwargs)
+
+
+def _started(app: App) -> list[Any]:
+    """The history rows' started_at: a tick's transaction start, the same for every tick of a batch."""
+    return [r[0] for r in app.conn.execute("SELECT started_at FROM radix.radix_system_job_history "
+                                           "WHERE status = 'succeeded' ORDER BY started_at").fetchall()]
+
+
+def test_a_backlog_runs_in_batches_each_tick_once(app: App) -> None:
+    tags = [f"t{i}" for i in range(20)]
+    names = _jobs(app, tags)
+    engine = _run(app)
+    assert engine.counters["successes"] == 21
+    assert engine.counters["batched_ticks"] == 20  # 8 + 8 + 4, after the lead ran alone
+    assert sorted(e[1] for e in app.effects()) == sorted(["lead", *tags])  # each once
+    assert all([h["status"] for h in app.history(n)] == ["succeeded"] for n in names)
+    started = _started(app)
+    assert len(set(started)) == 4 and max(started.count(s) for s in started) == 8
+    assert {e[2] for e in app.effects()} == {app.principal}  # who: each tick as its principal
+
+
+def test_one_batch_at_most_with_tick_batch_1(app: App) -> None:
+    _jobs(app, [f"t{i}" for i in range(5)])
+    engine = _run(app, tick_batch=1)
+    assert (engine.counters["successes"], engine.counters["batched_ticks"]) == (6, 0)
+    assert len(set(_started(app))) == 6
+
+
+def test_a_failing_tick_fails_alone_and_the_batch_commits(app: App) -> None:
+    names = _jobs(app, ["a", "bad", "b", "c"])
+    engine = _run(app)
+    assert engine.counters["batched_ticks"] == 4
+    assert sorted(e[1] for e in app.effects()) == ["a", "b", "c", "lead"]
+    [bad] = app.history(names[2])
+    assert bad["status"] == "failed" and "bad tick bad" in bad["error"]["message"]  # RAISE: not retried
+    assert [h["status"] for h in app.history(names[3])] == ["succeeded"]
+
+
+def test_a_procedure_that_commits_inside_a_batch_runs_non_atomically(app: App) -> None:
+    names = _jobs(app, ["a", "commits", "b"])
+    engine = _run(app)
+    assert engine.counters["batched_ticks"] == 3
+    assert sorted(e[1] for e in app.effects()) == ["a", "b", "commits", "lead"]
+    [run] = app.history(names[2])
+    assert (run["status"], run["atomic"]) == ("succeeded", False)
+    assert app.state(names[2])["non_atomic"] is True
+
+
+def test_a_batch_that_times_out_runs_its_ticks_alone(app: App) -> None:
+    names = _jobs(app, ["a", "slow", "b"], "WITH (timeout = '1 second')")
+    engine = _run(app)
+    assert engine.counters["batched_ticks"] == 3
+    # the batch was cancelled whole: nothing of it committed; then each tick ran alone
+    assert sorted(e[1] for e in app.effects()) == ["a", "b", "lead"]
+    [slow] = app.history(names[2])
+    assert slow["status"] == "retrying" and slow["error"]["category"] == "deadline"
+    assert len(set(_started(app))) == 3  # the lead, a and b: each in its own transaction
