@@ -1,4 +1,7 @@
-"""An engine process that stops at a pause point until it is killed: ``crash_runner DSN POINT MARKER``."""
+"""An engine process that stops at a pause point until it is killed: ``crash_runner DSN POINT MARKER``.
+
+POINT ``batch``: no pause, one slot; every procedure that ran counts as short and a batch is never cancelled
+for its length (engine/batches.py), so a test can kill the process while a batch runs."""
 
 from __future__ import annotations
 
@@ -6,7 +9,7 @@ import asyncio
 import sys
 from pathlib import Path
 
-from radixjobs.engine import Engine
+from radixjobs.engine import Engine, batches, ticks
 
 
 async def main(dsn: str, point: str, marker: Path) -> None:
@@ -15,7 +18,12 @@ async def main(dsn: str, point: str, marker: Path) -> None:
             await asyncio.to_thread(marker.write_text, reached)
             await asyncio.sleep(3600)  # killed here
 
-    async with Engine(dsn, node_id="doomed", pause=pause) as engine:
+    concurrency = 8
+    if point == "batch":
+        ticks.BATCH_TICK_MS = 60_000.0
+        batches.BATCH_RUN_S = 3600.0
+        concurrency = 1
+    async with Engine(dsn, node_id="doomed", pause=pause, concurrency=concurrency) as engine:
         await engine.run_due()
 
 

@@ -81,6 +81,35 @@ def test_crash_inside_the_procedure(app: App, tmp_path: Path) -> None:
     assert {h["idempotency_key"] for h in history} == {f"{app.state(name)['job_id']}/1577836800000000000"}
 
 
+def test_a_batch_killed_inside_a_procedure_commits_none_of_its_ticks(app: App, tmp_path: Path) -> None:
+    app.conn.execute(f"CREATE TABLE app.go (x int); GRANT SELECT ON app.go TO {app.principal}")
+    app.conn.execute("""CREATE PROCEDURE app.part(tag text) LANGUAGE plpgsql AS $$
+        BEGIN
+          CALL app.record(tag);
+          IF tag = 't2' AND NOT EXISTS (SELECT 1 FROM app.go) THEN PERFORM pg_sleep(3600); END IF;
+        END $$""")
+    tags = ["lead", *(f"t{i}" for i in range(5))]
+    for day, tag in enumerate(tags, 1):  # the lead runs alone, then t0 ... t4 in one batch (engine/batches.py)
+        app.job(f"CREATE JOB app.{tag} SCHEDULE AT TIMESTAMP '2020-01-0{day}' RUN AS {{p}} CALL app.part('{tag}')")
+    proc = subprocess.Popen([sys.executable, "-m", "tests.acceptance.crash_runner", app.dsn, "batch",
+                             str(tmp_path / "reached")])
+    wait_for(lambda: app.conn.execute("SELECT count(*) FROM pg_stat_activity WHERE query LIKE '%%radix.run_tick%%' "
+                                      "AND state = 'active' AND wait_event = 'PgSleep'").fetchone() == (1,),
+             timeout=60, message="the batch's third tick")
+    _kill(proc)
+    app.conn.execute("INSERT INTO app.go VALUES (1)")
+    # the orphaned backend rolls the whole batch back (t0 and t1 with it); another node runs each tick
+    def all_run() -> bool:
+        run_engine(app.dsn, lambda e: e.run_due(), node_id="survivor")
+        return app.conn.execute("SELECT count(*) FILTER (WHERE status <> 'complete') FROM "
+                                "radix.radix_system_job_state").fetchone() == (0,)
+
+    wait_for(all_run, timeout=60, interval=0.2, message="every tick to be run")
+    assert sorted(e[1] for e in app.effects() if e[1] != "lead") == ["t0", "t1", "t2", "t3", "t4"]
+    assert [e[1] for e in app.effects()].count("lead") == 1
+    assert all([h["status"] for h in app.history(f"app.{t}")] == ["succeeded"] for t in tags)
+
+
 def test_non_atomic_crash_after_commit_repeats_and_once_dedupes(app: App, tmp_path: Path) -> None:
     app.conn.execute("""CREATE PROCEDURE app.nc() LANGUAGE plpgsql AS $$
         BEGIN

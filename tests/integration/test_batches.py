@@ -56,7 +56,8 @@ def test_a_backlog_runs_in_batches_each_tick_once(app: App) -> None:
     assert sorted(e[1] for e in app.effects()) == sorted(["lead", *tags])  # each once
     assert all([h["status"] for h in app.history(n)] == ["succeeded"] for n in names)
     started = _started(app)
-    assert len(set(started)) == 4 and max(started.count(s) for s in started) == 8
+    assert len(set(started)) == 4
+    assert max(started.count(s) for s in started) == 8
     assert {e[2] for e in app.effects()} == {app.principal}  # who: each tick as its principal
 
 
@@ -73,7 +74,8 @@ def test_a_failing_tick_fails_alone_and_the_batch_commits(app: App) -> None:
     assert engine.counters["batched_ticks"] == 4
     assert sorted(e[1] for e in app.effects()) == ["a", "b", "c", "lead"]
     [bad] = app.history(names[2])
-    assert bad["status"] == "failed" and "bad tick bad" in bad["error"]["message"]  # RAISE: not retried
+    assert bad["status"] == "failed"  # RAISE: not retried
+    assert "bad tick bad" in bad["error"]["message"]
     assert [h["status"] for h in app.history(names[3])] == ["succeeded"]
 
 
@@ -94,5 +96,6 @@ def test_a_batch_that_times_out_runs_its_ticks_alone(app: App) -> None:
     # the batch was cancelled whole: nothing of it committed; then each tick ran alone
     assert sorted(e[1] for e in app.effects()) == ["a", "b", "lead"]
     [slow] = app.history(names[2])
-    assert slow["status"] == "retrying" and slow["error"]["category"] == "deadline"
+    assert slow["status"] == "retrying"
+    assert slow["error"]["category"] == "deadline"
     assert len(set(_started(app))) == 3  # the lead, a and b: each in its own transaction
