@@ -10,8 +10,9 @@ Invariants:
   procedure's reach); after the COMMIT a failed tick takes the lone tick's way for a failure
   (``_tick_outcome``: a lease of that tick, then its outcome recorded), on the same connection.
 - A batch that did not commit (a statement timeout or a cancel aborts it whole; one still running after
-  ``BATCH_RUN_S`` is cancelled) left every tick as found: each then runs alone. When the COMMIT is in doubt,
-  each tick's marker is read from the history, and a tick without one runs alone.
+  ``BATCH_RUN_S`` is cancelled) left every tick as found: each then runs alone, unless the engine is being
+  cancelled (shutdown), when they stay due. When the COMMIT is in doubt, each tick's marker is read from the
+  history, and a tick without one runs alone.
 - Only procedures whose last attempt here took at most BATCH_TICK_MS run in batches (ticks.Durations): a
   batch holds its ticks' locks and hides their effects until its COMMIT, so no long procedure holds others.
 - The ticks of a batch share a transaction: its now(), the SET LOCALs of earlier ticks, their temporary
@@ -153,6 +154,8 @@ class BatchExecution(Execution):
             rows: list[tuple[Any, ...] | None] = []
             if cur is None:
                 self._durations.note(job.signature, elapsed_ms)  # too slow, or failed whole: alone next
+                if self.cancel.is_set():  # shutting down: the ticks stay due, for the next node or start
+                    return []
                 if not outcome.in_doubt:  # rolled back: nothing of it committed
                     return items
                 for item in items:  # a tick without its marker did not commit: it runs alone

@@ -1,0 +1,45 @@
+"""The daemon's queue of found ticks and its memory of procedures' durations (engine/ticks.py), as batches
+(engine/batches.py) use them: a batch takes only due ticks that no slot took, the others keep their places."""
+
+from __future__ import annotations
+
+import uuid
+
+from radixjobs.engine.ticks import BATCH_TICK_MS, Durations, Tick, TickQueue
+
+
+def _tick(principal: int, due_at: float, n: int) -> Tick:
+    return Tick(uuid.UUID(int=n), 1, n, 0, 0, 0, due_at, uuid.UUID(int=n), principal, 0)
+
+
+def test_a_batch_takes_the_due_ticks_left_over_that_fit_and_keeps_the_others_in_order() -> None:
+    queue = TickQueue()
+    ticks = [_tick(1, 0.0, n) for n in range(6)] + [_tick(1, 5.0, 6), _tick(2, 0.0, 7)]
+    queue.replace(ticks, 64, 0.0)
+    [lead] = queue.take(1, {}, 0, 1.0)
+    assert lead.planned_ns == 0
+    odd = queue.take_like(lead, 8, 1.0, lambda t: t.planned_ns % 2 == 1)
+    assert [t.planned_ns for t in odd] == [1, 3, 5]  # due and fitting; not the one due later, nor principal 2's
+    rest = queue.take(8, {}, 0, 10.0)
+    assert sorted(t.planned_ns for t in rest) == [2, 4, 6, 7]
+
+
+def test_a_batch_takes_at_most_its_limit_and_nothing_from_an_empty_queue() -> None:
+    queue = TickQueue()
+    queue.replace([_tick(1, 0.0, n) for n in range(10)], 64, 0.0)
+    [lead] = queue.take(1, {}, 0, 1.0)
+    assert len(queue.take_like(lead, 3, 1.0, lambda t: True)) == 3
+    assert len(queue) == 6
+    assert queue.take_like(_tick(9, 0.0, 99), 8, 1.0, lambda t: True) == []
+
+
+def test_durations_say_short_only_for_a_known_procedure_under_the_limit() -> None:
+    durations = Durations(limit=2)
+    assert not durations.short("a()")
+    durations.note("a()", BATCH_TICK_MS)
+    durations.note("b()", BATCH_TICK_MS + 1)
+    assert durations.short("a()")
+    assert not durations.short("b()")
+    durations.note("c()", 1.0)  # the least recently noted is forgotten
+    assert not durations.short("a()")
+    assert durations.short("c()")
