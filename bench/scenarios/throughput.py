@@ -18,7 +18,9 @@ SELECT radix.create_job('bench.t0', jsonb_build_object('at', clock_timestamp()::
 
 SUMMARY = """
 SELECT count(*) FILTER (WHERE status = 'succeeded'), count(*) FILTER (WHERE status <> 'succeeded'),
-       count(*) FILTER (WHERE atomic), extract(epoch FROM max(finished_at) - min(started_at))
+       count(*) FILTER (WHERE atomic), extract(epoch FROM max(finished_at) - min(started_at)),
+       -- a tick's history row starts when its transaction did: the ticks of a batch share it (engine/batches.py)
+       count(DISTINCT started_at) FILTER (WHERE status = 'succeeded')
 FROM radix.radix_system_job_history
 """
 
@@ -88,7 +90,7 @@ def run(db: BenchDatabase, args: argparse.Namespace) -> dict[str, Any]:
                                b"WHERE id >= 0").fetchone()
     assert row is not None
     assert effects is not None
-    succeeded, other, atomic, span_s = row
+    succeeded, other, atomic, span_s, transactions = row
     rate = succeeded / float(span_s)
     return {
         "throughput": {"jobs": args.jobs, "runner": args.runner, "concurrency": args.concurrency,
@@ -97,6 +99,7 @@ def run(db: BenchDatabase, args: argparse.Namespace) -> dict[str, Any]:
                        "rows_updated_once": effects[0] == args.jobs and effects[1] == args.jobs,
                        "seconds_first_start_to_last_finish": round(float(span_s), 3),
                        "attempts_per_s": round(rate), "ratio_to_baseline": round(rate / one, 3),
+                       "ticks_per_transaction": round(succeeded / max(int(transactions), 1), 2),
                        "scheduler_cpu_us_per_attempt": round(cpu["daemon"] / args.jobs * 1e6),
                        "server_cpu_us_per_attempt": round(cpu["server"] / args.jobs * 1e6),
                        "create_jobs_s": round(create_s, 1)},

@@ -43,10 +43,15 @@ BATCH_RUN_S = PUBLISH_AFTER_S  # a batch still running after this is cancelled, 
 NOT_RUN_SQLSTATE = "RXT02"  # radix.run_tick: the session's role changed, the tick was not started
 
 # Every value is a quoted literal of digits, hex or a UUID with an explicit cast (as engine/ticks.py); the
-# CALL's DO block is a dollar-quoted constant. The statement_timeout set before each tick bounds that tick.
-RUN_TICK = ("SELECT pg_catalog.set_config('statement_timeout', '{ms}'::pg_catalog.text, true); "
-            "SELECT * FROM radix.run_tick('{job}'::pg_catalog.uuid, '{planned}'::pg_catalog.int8, "
-            "'{mac}'::pg_catalog.text, {call}::pg_catalog.text, {next}::pg_catalog.int8, '{node}'::pg_catalog.text); ")
+# CALL's DO block is a dollar-quoted constant. Each tick runs in its own statement, bounded by the
+# statement_timeout set before it: the first tick's after BEGIN, each next tick's by the statement before,
+# once run_tick has returned (the target list is computed after the function scan), so whatever a tick's
+# code set does not decide the next tick's bound.
+TIMEOUT = "SELECT pg_catalog.set_config('statement_timeout', '{ms}'::pg_catalog.text, true); "
+RUN_TICK = ("SELECT r.failed_at, r.error_sqlstate, r.error_message, "
+            "pg_catalog.set_config('statement_timeout', '{following_ms}'::pg_catalog.text, true) "
+            "FROM radix.run_tick('{job}'::pg_catalog.uuid, '{planned}'::pg_catalog.int8, '{mac}'::pg_catalog.text, "
+            "{call}::pg_catalog.text, {next}::pg_catalog.int8, '{node}'::pg_catalog.text) r; ")
 
 
 @dataclass(frozen=True)
@@ -63,13 +68,14 @@ def batch_key(job: JobDefinition) -> tuple[str, str, str]:
 
 
 def batch_query(items: list[BatchItem], session_key: bytes, node_hex: str) -> bytes:
-    """The batch as one simple query. Results: BEGIN, then two per tick (the timeout, run_tick's row:
-    ``run_tick_result``), COMMIT, and the clean's (its identity check last)."""
-    parts = [b"BEGIN; "]
-    for item in items:
+    """The batch as one simple query. Results: BEGIN, the first tick's timeout, one per tick (run_tick's
+    row: ``run_tick_result``), COMMIT, and the clean's (its identity check last)."""
+    parts = [b"BEGIN; ", TIMEOUT.format(ms=int(items[0].job.deadline_ms)).encode()]
+    for index, item in enumerate(items):
         assert item.job.call is not None
         following = "NULL" if item.next_planned_ns is None else f"'{int(item.next_planned_ns)}'"
-        parts.append(RUN_TICK.format(ms=int(item.job.deadline_ms), job=item.tick.job_id,
+        after = items[min(index + 1, len(items) - 1)]
+        parts.append(RUN_TICK.format(following_ms=int(after.job.deadline_ms), job=item.tick.job_id,
                                      planned=int(item.tick.planned_ns), mac=attempt_mac(session_key, item.tick.token),
                                      call=dollar_quoted(item.job.call.decode(), "radix_call"), next=following,
                                      node=node_hex).encode())
@@ -80,7 +86,7 @@ def batch_query(items: list[BatchItem], session_key: bytes, node_hex: str) -> by
 
 def run_tick_result(index: int) -> int:
     """The result of the ``index``-th tick's run_tick row in the batch's query."""
-    return 2 + 2 * index
+    return 2 + index
 
 
 class BatchExecution(Execution):
@@ -180,7 +186,7 @@ class BatchExecution(Execution):
         """Each tick's outcome as run_tick reported it, recorded as a lone tick's; returns those not run."""
         alone: list[BatchItem] = []
         for item, row in zip(items, rows, strict=True):
-            failed_at, sqlstate, message = row if row is not None else ("begin", NOT_RUN_SQLSTATE, "")
+            failed_at, sqlstate, message = row[:3] if row is not None else ("begin", NOT_RUN_SQLSTATE, "")
             if failed_at is None:
                 outcome = Outcome(succeeded=True, atomic=True, finalised=True)
             elif failed_at == "begin" and sqlstate == NOT_RUN_SQLSTATE:
