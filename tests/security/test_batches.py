@@ -6,13 +6,10 @@ batch and ends every tick it finds must find none of another owner's."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
-import psycopg
 import pytest
 from psycopg import sql
-from psycopg.conninfo import make_conninfo
 
 from radixjobs import catalog
 from radixjobs.engine import ticks
@@ -23,20 +20,6 @@ from tests.apps import App, run_engine
 def short(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every procedure counts as short once it has run, whatever the machine's load (BATCH_TICK_MS)."""
     monkeypatch.setattr(ticks, "BATCH_TICK_MS", 60_000.0)
-
-
-@pytest.fixture
-def login(app: App) -> Iterator[Any]:
-    opened: list[psycopg.Connection[Any]] = []
-
-    def connect(user: str) -> psycopg.Connection[Any]:
-        conn = psycopg.connect(make_conninfo(app.dsn, user=user), autocommit=True)
-        opened.append(conn)
-        return conn
-
-    yield connect
-    for conn in opened:
-        conn.close()
 
 
 def _grant(app: App, text: str, *roles: str) -> None:

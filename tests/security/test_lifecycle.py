@@ -4,33 +4,17 @@ real path: a LOGIN role's own connection calling the public SQL functions or the
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import psycopg
 import pytest
 from psycopg import errors, sql
-from psycopg.conninfo import make_conninfo
 
 from radixjobs import catalog
 from radixjobs.errors import AdmissionError
 from tests.apps import App
 
 HOURLY = "SCHEDULE EVERY INTERVAL '1 hour' STARTING AT TIMESTAMP '2026-01-01T00:00:00Z'"
-
-
-@pytest.fixture
-def login(app: App) -> Iterator[Any]:
-    opened: list[psycopg.Connection[Any]] = []
-
-    def connect(user: str) -> psycopg.Connection[Any]:
-        conn = psycopg.connect(make_conninfo(app.dsn, user=user), autocommit=True)
-        opened.append(conn)
-        return conn
-
-    yield connect
-    for conn in opened:
-        conn.close()
 
 
 def _grant(app: App, text: str, *roles: str) -> None:
