@@ -178,7 +178,6 @@ def node_hex(node_id: str) -> str:
     return node_id.encode("utf-8").hex()
 
 
-
 class Durations:
     """How long each procedure's last attempt here took (by signature), to batch only short ones."""
 
