@@ -109,6 +109,10 @@ GRANTS = ["GRANT USAGE ON SCHEMA chaos TO {p}", "GRANT INSERT ON chaos.effects, 
 # (kind, procedure, count, schedule maker); kinds are the effect kinds the checks know
 INTERVAL_KINDS = [("atomic", "chaos.atomic", 40), ("non_atomic", "chaos.non_atomic", 15),
                   ("conflict", "chaos.conflict", 10), ("fail", "chaos.fail", 5)]
+# atomic jobs whose procedure sleeps at most QUICK_MS, all EVERY 1 second from the same start: due together,
+# short enough to run in batches of ticks (engine/batches.py) whenever they queue up behind the free slots
+QUICK_JOBS = 40
+QUICK_MS = 2
 CRON_JOBS = 10
 AT_JOBS = 10
 DOCUMENTS = 10
@@ -164,18 +168,27 @@ def chaos_world(rng: random.Random, keep: bool = False) -> Iterator[World]:
             shutil.rmtree(home, ignore_errors=True)  # the daemons' logs too
 
 
-def _job(conn: psycopg.Connection[Any], name: str, schedule: str, procedure: str, kind: str) -> None:
+def _job(conn: psycopg.Connection[Any], name: str, schedule: str, procedure: str, kind: str,
+         max_ms: int = MAX_MS) -> None:
     catalog.execute_job_ddl(conn, f"CREATE JOB {name} SCHEDULE {schedule} RUN AS {PRINCIPAL} "
-                                  f"CALL {procedure}('{kind}', {MAX_MS})")
+                                  f"CALL {procedure}('{kind}', {max_ms})")
 
 
 def make_jobs(world: World, conn: psycopg.Connection[Any], rng: random.Random) -> None:
-    """Interval jobs of every kind (1–3 s), 6-field CRON jobs (every 2, 3 or 5 s), AT jobs."""
+    """Interval jobs of every kind (1–3 s), quick atomic jobs (1 s, in step), 6-field CRON jobs (every 2, 3 or
+    5 s), AT jobs."""
     for kind, procedure, count in INTERVAL_KINDS:
         for i in range(count):
             name, seconds = f"chaos.{kind}_{i}", rng.choice([1, 2, 3])
             _job(conn, name, f"EVERY INTERVAL '{seconds} seconds'", procedure, kind)
             world.kinds[name], world.every_ns[name] = kind, seconds * 10**9
+    start = conn.execute("SELECT date_trunc('second', clock_timestamp()) + interval '1 second'").fetchone()
+    assert start is not None
+    for i in range(QUICK_JOBS):
+        name = f"chaos.quick_{i}"
+        _job(conn, name, f"EVERY INTERVAL '1 second' STARTING AT TIMESTAMP '{start[0].astimezone(dt.UTC).isoformat()}'",
+             "chaos.atomic", "atomic", QUICK_MS)
+        world.kinds[name], world.every_ns[name] = "atomic", 10**9
     for i in range(CRON_JOBS):
         name, seconds = f"chaos.cron_{i}", rng.choice([2, 3, 5])
         _job(conn, name, f"CRON '*/{seconds} * * * * *'", "chaos.atomic", "cron")
