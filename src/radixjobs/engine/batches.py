@@ -1,6 +1,6 @@
 """Tick batches (0015_tick_batches.sql): under a backlog, up to ``BATCH_MAX`` one-transaction ticks of one
 principal, one owner and one procedure run in one transaction on one principal connection,
-``BEGIN; SELECT * FROM radix.run_tick(…); …; COMMIT;`` and the connection's clean, one simple query.
+``BEGIN; SELECT … FROM radix.run_tick(…); …; COMMIT;`` and the connection's clean, one simple query.
 
 Invariants:
 - A batch forms only from a backlog: the queue deals due ticks to free slots first (engine/ticks.py), and a

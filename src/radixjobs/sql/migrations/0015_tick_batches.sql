@@ -1,7 +1,7 @@
 -- 0015: a batch of one-transaction ticks in one transaction (issue #14; engine/batches.py).
 --
 -- Under a backlog the daemon runs up to eight ticks of one principal, one owner and one procedure in one
--- transaction: `BEGIN; SELECT * FROM radix.run_tick(…); …; COMMIT;` and the connection's clean. Each tick
+-- transaction: `BEGIN; SELECT … FROM radix.run_tick(…); …; COMMIT;` and the connection's clean. Each tick
 -- runs in run_tick's own subtransaction (its exception block): begin_tick, the CALL and end_tick commit
 -- with the batch or, when any of them fails, roll back alone, and the row run_tick returns says which
 -- step failed and how. A tick's procedure and its completion marker still commit together or not at all.
