@@ -107,38 +107,28 @@ class BatchExecution(Execution):
         if job is None or not self._batchable(job):
             return []
         key = batch_key(job)
+        members = {lead.job_id: job}
 
         def fits(tick: Tick) -> bool:
             other = self._definitions.get((tick.job_id, tick.definition_version))
-            return other is not None and self._batchable(other) and batch_key(other) == key
+            if other is None or not self._batchable(other) or batch_key(other) != key:
+                return False
+            members[tick.job_id] = other
+            return True
 
         others = self._queue.take_like(lead, self.tick_batch - 1, now, fits)
         if not others:
             return []
         self.counters["batched_ticks"] += 1 + len(others)
-        items = []
-        for tick in [lead, *others]:
-            member = self._definitions.get((tick.job_id, tick.definition_version))
-            assert member is not None
-            items.append(BatchItem(member, tick, member.next_planned_after(tick.planned_ns, tick.anchor_ns)))
-        return items
+        return [BatchItem(members[t.job_id], t, members[t.job_id].next_planned_after(t.planned_ns, t.anchor_ns))
+                for t in [lead, *others]]
 
     async def _run_batch(self, items: list[BatchItem]) -> None:
         try:
-            alone = await self._execute_batch(items)
-            for item in alone:  # not run in the batch: each as a lone tick (engine/execution.py)
-                started = time.monotonic()
-                claim = tick_claim(item.tick)
-                result = await self._execute_tick(item.job, item.tick, claim, item.next_planned_ns)
-                if result is not None:
-                    self._attempt_logged(item.job, claim, result, started)
+            for item in await self._execute_batch(items):  # not run in the batch: each alone
+                await self._tick_alone(item.job, item.tick, item.next_planned_ns)
         finally:
-            for item in items:
-                self._ticking.pop(item.tick.job_id, None)
-            principal = items[0].tick.principal
-            self._ticking_by[principal] -= 1
-            if self._ticking_by[principal] <= 0:
-                del self._ticking_by[principal]
+            self._done_ticking([item.tick for item in items])
 
     async def _execute_batch(self, items: list[BatchItem]) -> list[BatchItem]:
         """Run the batch and record each tick's outcome; returns the ticks to run alone."""

@@ -115,19 +115,28 @@ class Execution:
             job = await self._definition(tick.job_id, tick.definition_version)
             if job is None:  # dropped since it was found
                 return
-            claim = tick_claim(tick)
-            next_planned = job.next_planned_after(claim.planned_ns, claim.anchor_ns)
-            started = time.monotonic()
             if self._pause:
                 await self._pause("claimed")
-            result = await self._execute_tick(job, tick, claim, next_planned)
-            if result is not None:
-                self._attempt_logged(job, claim, result, started)
+            await self._tick_alone(job, tick, job.next_planned_after(tick.planned_ns, tick.anchor_ns))
         finally:
+            self._done_ticking([tick])
+
+    async def _tick_alone(self, job: JobDefinition, tick: Tick, next_planned: int | None) -> None:
+        """Run the tick in its own transaction (or as the lease path takes it), and log its end."""
+        claim = tick_claim(tick)
+        started = time.monotonic()
+        result = await self._execute_tick(job, tick, claim, next_planned)
+        if result is not None:
+            self._attempt_logged(job, claim, result, started)
+
+    def _done_ticking(self, ticks: list[Tick]) -> None:
+        """The ticks of one principal connection (one tick, or a batch: engine/batches.py) are over here."""
+        for tick in ticks:
             self._ticking.pop(tick.job_id, None)
-            self._ticking_by[tick.principal] -= 1
-            if self._ticking_by[tick.principal] <= 0:
-                del self._ticking_by[tick.principal]
+        principal = ticks[0].principal
+        self._ticking_by[principal] -= 1
+        if self._ticking_by[principal] <= 0:
+            del self._ticking_by[principal]
 
     async def _execute_tick(self, job: JobDefinition, tick: Tick, claim: Claim,
                             next_planned: int | None) -> str | None:
