@@ -34,15 +34,18 @@ import signal
 import statistics
 import subprocess
 import time
+import uuid
 from typing import Any
 
 import psutil
 import psycopg
 
 from harness import BenchDatabase, clone_jobs, wait_for
-from radixjobs.engine.definitions import build_call
+from radixjobs.engine.batches import BatchItem, batch_query
+from radixjobs.engine.definitions import JobDefinition, build_call
 from radixjobs.engine.principals import principal_dsn
 from radixjobs.engine.ticks import FIND_TICKS, Tick, tick_query
+from radixjobs.model import AtSchedule
 
 CREATE_JOB = """
 SELECT radix.create_job('bench.t0', jsonb_build_object('at', clock_timestamp()::text), %s, 'bench.touch',
@@ -88,6 +91,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--recurring", action="store_true",
                         help=f"{RECURRING_JOBS} jobs EVERY 1 hour, each run many times (made due again when none "
                              "is), instead of one-time jobs run once each")
+    parser.add_argument("--batch", type=int, default=1, metavar="K",
+                        help="ticks per transaction, as the daemon's tick batches send them (radix.run_tick; "
+                             "default 1: lone ticks)")
     parser.add_argument("--perf", metavar="FILE", default=None,
                         help="one more radix round under `perf record` on the backend, written to FILE")
 
@@ -98,10 +104,12 @@ def _backend_cpu_s(pid: int) -> float:
 
 
 def _round(scheduler: psycopg.Connection[Any], principal: psycopg.Connection[Any], call: bytes, key: bytes,
-           ticks: int, clean: bool = True, recurring: bool = False) -> float:
-    """Server CPU µs per tick over ``ticks`` ticks run one after another on ``principal``."""
+           ticks: int, clean: bool = True, recurring: bool = False, batch: int = 1) -> float:
+    """Server CPU µs per tick over ``ticks`` ticks run one after another on ``principal``, ``batch`` ticks
+    per transaction."""
     pid = principal.info.backend_pid
     done, started = 0, _backend_cpu_s(pid)
+    job = JobDefinition(uuid.UUID(int=0), 1, "bench.t0", "", "", call, 60_000, False, AtSchedule(0))
     while done < ticks:
         rows = scheduler.execute(FIND_TICKS.encode(), (NODE, 64, 0, [], [])).fetchall()
         if not rows and recurring:
@@ -110,24 +118,36 @@ def _round(scheduler: psycopg.Connection[Any], principal: psycopg.Connection[Any
         if not rows:
             raise RuntimeError("no tick due: raise the number of jobs")
         now = time.monotonic()
-        for row in rows[:ticks - done]:
-            tick = Tick.from_row(row, now)
-            following = tick.planned_ns + HOUR_NS if recurring else None
-            query = tick_query(call, tick, 60_000, following, key, NODE.encode().hex())
+        found = [Tick.from_row(row, now) for row in rows[:ticks - done]]
+        for first in range(0, len(found), batch):
+            chunk = found[first:first + batch]
+            items = [BatchItem(job, tick, tick.planned_ns + HOUR_NS if recurring else None) for tick in chunk]
+            if batch > 1:
+                query = batch_query(items, key, NODE.encode().hex())
+            else:
+                query = tick_query(call, chunk[0], 60_000, items[0].next_planned_ns, key, NODE.encode().hex())
             if not clean:
-                query = query[:query.index(b"; COMMIT; ") + len(b"; COMMIT; ")] + b"SELECT true"
-            principal.execute(query, prepare=False)
-            done += 1
+                query = query[:query.index(b"COMMIT; ") + len(b"COMMIT; ")] + b"SELECT true"
+            if batch > 1:
+                with principal.cursor() as cursor:
+                    cursor.execute(query, prepare=False)
+                    cursor.nextset()  # BEGIN's result, then the first tick's timeout: run_tick_result(0) is next
+                    outcomes = [cursor.fetchone() if cursor.nextset() else None for _ in chunk]
+                    if any(row is None or row[0] is not None for row in outcomes):
+                        raise RuntimeError(f"a tick of the batch failed: {outcomes}")
+            else:
+                principal.execute(query, prepare=False)
+            done += len(chunk)
     return (_backend_cpu_s(pid) - started) / ticks * 1e6
 
 
 def _perf_round(scheduler: psycopg.Connection[Any], principal: psycopg.Connection[Any], call: bytes, key: bytes,
-                ticks: int, output: str, recurring: bool) -> None:
+                ticks: int, output: str, recurring: bool, batch: int) -> None:
     """One radix round under perf record, attached to the principal's backend."""
     perf = shutil.which("perf")
     if perf is None:
         raise RuntimeError("--perf: perf is not installed")
-    _round(scheduler, principal, call, key, WARM, recurring=recurring)
+    _round(scheduler, principal, call, key, WARM, recurring=recurring, batch=batch)
     if os.path.exists(output):
         os.remove(output)  # perf would keep it as FILE.old
     recorder = subprocess.Popen([perf, "record", "--call-graph", "dwarf,16384", "-e", "cpu-clock", "-F", "2000",
@@ -136,7 +156,7 @@ def _perf_round(scheduler: psycopg.Connection[Any], principal: psycopg.Connectio
     # perf says nothing when it is ready; its output file appears once it has attached
     wait_for(lambda: recorder.poll() is not None or os.path.exists(output), 10, "perf to attach")
     try:
-        _round(scheduler, principal, call, key, ticks, recurring=recurring)
+        _round(scheduler, principal, call, key, ticks, recurring=recurring, batch=batch)
     finally:
         recorder.send_signal(signal.SIGINT)
         _, err = recorder.communicate(timeout=60)
@@ -167,20 +187,22 @@ def run(db: BenchDatabase, args: argparse.Namespace) -> dict[str, Any]:
         key = bytes.fromhex(session[0])
         # warm: plans cached, functions compiled, and (recurring) every job run once, as it is once it has run
         _round(scheduler, principal, call, key, jobs if args.recurring else min(WARM, args.ticks),
-               recurring=args.recurring)
+               recurring=args.recurring, batch=args.batch)
         for _ in range(args.rounds):
             for variant in VARIANTS:
                 definitions = [NOOP.format(signature=f) for f in SIGNATURES] if variant == "noop" else installed
                 for definition in definitions:
                     scheduler.execute(definition.encode())
                 clean = variant != "noclean"
-                _round(scheduler, principal, call, key, min(WARM, args.ticks), clean, args.recurring)
-                per_tick[variant].append(_round(scheduler, principal, call, key, args.ticks, clean, args.recurring))
+                _round(scheduler, principal, call, key, min(WARM, args.ticks), clean, args.recurring, args.batch)
+                per_tick[variant].append(_round(scheduler, principal, call, key, args.ticks, clean, args.recurring,
+                                                args.batch))
         if args.perf:
             for definition in installed:
                 scheduler.execute(definition.encode())
-            _perf_round(scheduler, principal, call, key, args.ticks, args.perf, args.recurring)
-    result: dict[str, Any] = {"ticks_per_round": args.ticks, "rounds": args.rounds, "history_rows": args.history,
+            _perf_round(scheduler, principal, call, key, args.ticks, args.perf, args.recurring, args.batch)
+    result: dict[str, Any] = {"ticks_per_round": args.ticks, "ticks_per_transaction": args.batch,
+                              "rounds": args.rounds, "history_rows": args.history,
                               "jobs": "recurring" if args.recurring else "one-time"}
     for variant, values in per_tick.items():
         result[f"{variant}_server_cpu_us_per_tick"] = round(statistics.median(values))

@@ -169,3 +169,34 @@ def test_the_finder_probes_the_jobs_it_finds_and_never_reads_them_all(app: App) 
     plan = "\n".join(plans)
     assert "jobs_pkey" in plan
     assert "Seq Scan on jobs" not in plan
+
+
+@pytest.mark.parametrize("limit", [1, 3])
+def test_a_tick_keeps_the_jobs_history_at_its_limit(app: App, limit: int) -> None:
+    # end_tick prunes in the statement that writes the row, which it does not see (0016): one fewer kept
+    name = app.job(f"CREATE JOB app.kept SCHEDULE EVERY INTERVAL '1 hour' RUN AS {{p}} CALL app.record('k') "
+                   f"WITH (history = {limit})")
+    planned = []
+    for _ in range(limit + 2):
+        app.make_due(name)
+        assert app.run().counters["successes"] == 1
+        planned.append(app.history(name)[-1]["planned_ns"])
+    rows = app.history(name)
+    assert [h["status"] for h in rows] == ["succeeded"] * limit
+    assert [h["planned_ns"] for h in rows] == planned[-limit:]  # the newest kept
+
+
+def test_a_running_row_past_the_limit_is_closed_then_pruned(app: App) -> None:
+    name = app.job("CREATE JOB app.stale SCHEDULE EVERY INTERVAL '1 hour' RUN AS {p} CALL app.record('l') "
+                   "WITH (history = 2)")
+    # a row a fenced lease left 'running' (ALTER JOB during a published tick)
+    app.conn.execute("INSERT INTO radix.radix_system_job_history (job_id, definition_version, planned_ns, attempt, "
+                     "idempotency_key, status, node, run_kind) SELECT job_id, 1, 0, 1, 'old', 'running', 'gone', "
+                     "'schedule' FROM radix.job_overview WHERE name = %s", (name,))
+    app.make_due(name)
+    app.run()
+    assert [h["status"] for h in app.history(name)] == ["lease_lost", "succeeded"]
+    for _ in range(2):
+        app.make_due(name)
+        app.run()
+    assert [h["status"] for h in app.history(name)] == ["succeeded", "succeeded"]
