@@ -173,7 +173,7 @@ def test_the_finder_probes_the_jobs_it_finds_and_never_reads_them_all(app: App) 
 
 @pytest.mark.parametrize("limit", [1, 3])
 def test_a_tick_keeps_the_jobs_history_at_its_limit(app: App, limit: int) -> None:
-    # end_tick prunes in the statement that writes the row, which it does not see (0016): one fewer kept
+    # end_tick writes the row, then prunes the oldest past the limit
     name = app.job(f"CREATE JOB app.kept SCHEDULE EVERY INTERVAL '1 hour' RUN AS {{p}} CALL app.record('k') "
                    f"WITH (history = {limit})")
     planned = []
