@@ -93,7 +93,7 @@ def test_a_batch_killed_inside_a_procedure_commits_none_of_its_ticks(app: App, t
         app.job(f"CREATE JOB app.{tag} SCHEDULE AT TIMESTAMP '2020-01-0{day}' RUN AS {{p}} CALL app.part('{tag}')")
     proc = subprocess.Popen([sys.executable, "-m", "tests.acceptance.crash_runner", app.dsn, "batch",
                              str(tmp_path / "reached")])
-    wait_for(lambda: app.conn.execute("SELECT count(*) FROM pg_stat_activity WHERE query LIKE '%%radix.run_tick%%' "
+    wait_for(lambda: app.conn.execute("SELECT count(*) FROM pg_stat_activity WHERE query LIKE '%%radix.run_ticks(%%' "
                                       "AND state = 'active' AND wait_event = 'PgSleep'").fetchone() == (1,),
              timeout=60, message="the batch's third tick")
     _kill(proc)

@@ -1,6 +1,7 @@
-"""Tick batches through the engine (0015_tick_batches.sql, engine/batches.py): a backlog of short ticks of one
-principal, owner and procedure runs in batches, each tick once; a tick that fails fails alone, a procedure
-that commits inside is run non-atomically, and a batch that times out runs its ticks alone."""
+"""Tick batches through the engine (0015_tick_batches.sql, 0016_batch_end.sql, engine/batches.py): a backlog of
+short ticks of one principal, owner and procedure runs in batches, each tick once; a tick that fails fails
+alone, a procedure that commits inside is run non-atomically, a batch that times out runs its ticks alone,
+and recurring ticks of a batch each advance to their own next tick."""
 
 from __future__ import annotations
 
@@ -99,3 +100,23 @@ def test_a_batch_that_times_out_runs_its_ticks_alone(app: App) -> None:
     assert slow["status"] == "retrying"
     assert slow["error"]["category"] == "deadline"
     assert len(set(_started(app))) == 3  # the lead, a and b: each in its own transaction
+
+
+def test_recurring_ticks_in_a_batch_advance_to_their_next_tick(app: App) -> None:
+    # radix.end_ticks advances every state of the batch in one UPDATE: each to its own next tick
+    app.conn.execute(MAYBE.encode())
+    names = [app.job(f"CREATE JOB app.r{i} SCHEDULE EVERY INTERVAL '{i + 1} hour' RUN AS {{p}} "
+                     f"CALL app.maybe('r{i}')") for i in range(6)]
+    before = {n: app.state(n)["planned_ns"] for n in names}
+    for name in names:
+        app.make_due(name)
+    engine = _run(app)
+    assert engine.counters["successes"] == 6
+    assert engine.counters["batched_ticks"] >= 2
+    assert len(set(_started(app))) < 6  # some ran together
+    for i, name in enumerate(names):
+        state = app.state(name)
+        assert (state["status"], state["attempt"]) == ("scheduled", 0)
+        assert state["planned_ns"] == before[name] + (i + 1) * 3_600_000_000_000
+        (h,) = app.history(name)
+        assert (h["status"], h["planned_ns"], h["attempt"], h["atomic"]) == ("succeeded", before[name], 1, True)

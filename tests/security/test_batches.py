@@ -1,8 +1,9 @@
-"""Tick batches (0015_tick_batches.sql, engine/batches.py) share one transaction and one query text among
-their ticks, so a tick's code can reach the ticks after it: their MACs are in current_query(), and its
-SET LOCALs outlive it. The attacks run through the real path (the engine forming batches from a backlog):
-a tick that switches role must not hand that role to the next tick, and a tick that reads the MACs of the
-batch and ends every tick it finds must find none of another owner's."""
+"""Tick batches (0015_tick_batches.sql, 0016_batch_end.sql, engine/batches.py) share one transaction and one
+query text among their ticks, so a tick's code can reach the other ticks: their MACs are in current_query(),
+and its SET LOCALs outlive it. The attacks run through the real path (the engine forming batches from a
+backlog): a tick that switches role must not hand that role to the next tick; a tick that reads the MACs of
+the batch and ends the ticks after it must find none of another owner's; and one that ends a tick before it
+(run, its marker not yet written) must roll the whole batch back, each tick then run alone, once."""
 
 from __future__ import annotations
 
@@ -57,26 +58,32 @@ def test_a_role_switched_by_a_tick_does_not_reach_the_next_tick_of_its_batch(app
 HOSTILE = r"""
 CREATE PROCEDURE app.hostile(tag text) LANGUAGE plpgsql AS $$
 DECLARE
-  m text[];
-  own text[];
+  arrays text[];
+  jobs text[];
+  planned text[];
+  macs text[];
+  own integer;
 BEGIN
-  IF tag LIKE 'a%' THEN
-    -- every other tick of this batch, as its MAC in the query text gives it: begun and ended unrun
-    FOR m IN SELECT regexp_matches(current_query(), 'radix\.run_tick\(''([0-9a-f-]+)''::pg_catalog\.uuid, '
-                                   '''([0-9]+)''::pg_catalog\.int8, ''([0-9a-f]+)''', 'g') LOOP
-      IF m[1]::uuid = radix.current_job_id() THEN
-        own := m;
-      ELSE
+  -- the ticks of this batch, as the query text gives them (radix.run_ticks' arrays: jobs, ticks, attempts,
+  -- MACs, ...); none when the tick runs alone
+  SELECT array_agg(r.m[1] ORDER BY r.n) INTO arrays
+  FROM regexp_matches(current_query(), 'ARRAY\[([^]]*)\]', 'g') WITH ORDINALITY AS r(m, n);
+  IF (tag LIKE 'a%' OR tag LIKE 'e%') AND arrays IS NOT NULL THEN
+    jobs := string_to_array(replace(arrays[1], '''', ''), ', ');
+    planned := string_to_array(replace(arrays[2], '''', ''), ', ');
+    macs := string_to_array(replace(arrays[4], '''', ''), ', ');
+    own := array_position(jobs, radix.current_job_id()::text);
+    -- 'a': the ticks after it, 'e': the ticks before it (which ran, their markers not yet written)
+    FOR i IN 1 .. cardinality(jobs) LOOP
+      IF (tag LIKE 'a%' AND i > own) OR (tag LIKE 'e%' AND i < own) THEN
         BEGIN
-          PERFORM radix.begin_tick(m[1]::uuid, m[2]::bigint, m[3]);
-          PERFORM radix.end_tick(m[1]::uuid, m[3], NULL, '41');
-          INSERT INTO app.effects (tag) VALUES ('ended ' || m[1]);
+          PERFORM radix.begin_tick(jobs[i]::uuid, planned[i]::bigint, macs[i]);
+          PERFORM radix.end_tick(jobs[i]::uuid, macs[i], NULL, '41');
+          INSERT INTO app.effects (tag) VALUES ('ended ' || jobs[i]);
         EXCEPTION WHEN OTHERS THEN NULL;
         END;
       END IF;
     END LOOP;
-    -- its own frame back (begin_tick's frame is the backend's), so that its own tick still commits
-    PERFORM radix.begin_tick(own[1]::uuid, own[2]::bigint, own[3]);
   END IF;
   CALL app.record(tag);
 END $$
@@ -108,3 +115,20 @@ def test_a_tick_that_ends_the_ticks_of_its_batch_finds_none_of_another_owner(app
                             "radix.radix_system_job_history h JOIN radix.jobs j USING (job_id) "
                             "GROUP BY h.started_at").fetchall()
     assert all(len(owners_of_batch) == 1 for _, owners_of_batch in rows)
+
+
+def test_a_tick_that_ends_an_earlier_tick_of_its_batch_rolls_the_batch_back(app: App) -> None:
+    # An earlier tick has run, its marker not yet written (radix.end_ticks writes them all at the end of the
+    # batch's statement): a later tick's code that reads its MAC and ends it changes its state, end_ticks sees
+    # the change and the whole batch rolls back. Each tick then runs alone: once, none ended unrun.
+    app.conn.execute(HOSTILE.encode())
+    app.job("CREATE JOB app.lead SCHEDULE AT TIMESTAMP '2019-01-01' RUN AS {p} CALL app.hostile('lead')")
+    for i in range(6):
+        app.job(f"CREATE JOB app.e{i} SCHEDULE AT TIMESTAMP '2020-01-0{i + 1}' RUN AS {{p}} CALL app.hostile('e{i}')")
+    engine = run_engine(app.dsn, lambda e: e.run_due(), concurrency=1)
+    assert engine.counters["batched_ticks"] >= 2
+    tags = [e[1] for e in app.effects()]
+    assert sorted(tags) == ["e0", "e1", "e2", "e3", "e4", "e5", "lead"]  # each once, none ended unrun
+    started = _started_by_job(app)
+    assert len(started) == 7
+    assert len(set(started.values())) == 7  # each in its own transaction: alone

@@ -1,24 +1,27 @@
-"""Tick batches (0015_tick_batches.sql): under a backlog, up to ``BATCH_MAX`` one-transaction ticks of one
-principal, one owner and one procedure run in one transaction on one principal connection,
-``BEGIN; SELECT … FROM radix.run_tick(…); …; COMMIT;`` and the connection's clean, one simple query.
+"""Tick batches (0015_tick_batches.sql, 0016_batch_end.sql): under a backlog, up to ``BATCH_MAX``
+one-transaction ticks of one principal, one owner and one procedure run in one transaction on one principal
+connection, ``BEGIN; SELECT … FROM radix.run_ticks(…); COMMIT;`` and the connection's clean, one simple query.
 
 Invariants:
 - A batch forms only from a backlog: the queue deals due ticks to free slots first (engine/ticks.py), and a
   batch takes only due ticks left over, so a tick that could start alone never waits for company.
-- Each tick runs in radix.run_tick's subtransaction: its procedure and its completion marker commit with
-  the batch, or roll back alone. run_tick's row says which step failed (a PL/pgSQL variable, out of the
-  procedure's reach); after the COMMIT a failed tick takes the lone tick's way for a failure
-  (``_tick_outcome``: a lease of that tick, then its outcome recorded), on the same connection.
-- A batch that did not commit (a statement timeout or a cancel aborts it whole; one still running after
-  ``BATCH_RUN_S`` is cancelled) left every tick as found: each then runs alone, unless the engine is being
-  cancelled (shutdown), when they stay due. When the COMMIT is in doubt, each tick's marker is read from the
-  history, and a tick without one runs alone.
+- Each tick runs in its own subtransaction of radix.run_ticks: its procedure commits with the batch, or
+  rolls back alone; the ticks that ran get their markers at the end of the same statement (radix.end_ticks,
+  one UPDATE and one INSERT for all), so a tick's procedure and its marker commit together or not at all.
+  run_ticks' row per tick says which step failed (PL/pgSQL variables, out of the procedures' reach); after
+  the COMMIT a failed tick takes the lone tick's way for a failure (``_tick_outcome``: a lease of that tick,
+  then its outcome recorded), on the same connection.
+- A batch that did not commit (its statement timeout, the smallest of its ticks', or a cancel aborts it
+  whole, as does a tick changed under it; one still running after ``BATCH_RUN_S`` is cancelled) left every
+  tick as found: each then runs alone, unless the engine is being cancelled (shutdown), when they stay due.
+  When the COMMIT is in doubt, each tick's marker is read from the history, and a tick without one runs
+  alone.
 - Only procedures whose last attempt here took at most BATCH_TICK_MS run in batches (ticks.Durations): a
   batch holds its ticks' locks and hides their effects until its COMMIT, so no long procedure holds others.
 - The ticks of a batch share a transaction: its now(), the SET LOCALs of earlier ticks, their temporary
   objects, and the query text (current_query()), which carries every tick's MAC. Hence one principal, one
   owner, one procedure: what one tick's code could do to another, the same code could do to itself. A
-  role switched by an earlier tick is caught by run_tick (RXT02), and that tick runs alone afterwards.
+  role switched by an earlier tick is caught by run_ticks (RXT02), and that tick runs alone afterwards.
 """
 
 from __future__ import annotations
@@ -40,18 +43,17 @@ from radixjobs.engine.ticks import PUBLISH_AFTER_S, Tick, TickQueue
 
 BATCH_MAX = 8  # ticks per batch by default (serve --tick-batch)
 BATCH_RUN_S = PUBLISH_AFTER_S  # a batch still running after this is cancelled, its ticks run alone
-NOT_RUN_SQLSTATE = "RXT02"  # radix.run_tick: the session's role changed, the tick was not started
+NOT_RUN_SQLSTATE = "RXT02"  # radix.run_ticks: the session's role changed, the tick was not started
 
-# Every value is a quoted literal of digits, hex or a UUID with an explicit cast (as engine/ticks.py); the
-# CALL's DO block is a dollar-quoted constant. Each tick runs in its own statement, bounded by the
-# statement_timeout set before it: the first tick's after BEGIN, each next tick's by the statement before,
-# once run_tick has returned (the target list is computed after the function scan), so whatever a tick's
-# code set does not decide the next tick's bound.
+# Every value is a quoted literal of digits, hex or a UUID with an explicit cast (as engine/ticks.py); each
+# CALL's DO block is a dollar-quoted constant. The batch is one statement, bounded by the smallest of its
+# ticks' timeouts: a tick starts after the statement did, so none runs past its own.
 TIMEOUT = "SELECT pg_catalog.set_config('statement_timeout', '{ms}'::pg_catalog.text, true); "
-RUN_TICK = ("SELECT r.failed_at, r.error_sqlstate, r.error_message, "
-            "pg_catalog.set_config('statement_timeout', '{following_ms}'::pg_catalog.text, true) "
-            "FROM radix.run_tick('{job}'::pg_catalog.uuid, '{planned}'::pg_catalog.int8, '{mac}'::pg_catalog.text, "
-            "{call}::pg_catalog.text, {next}::pg_catalog.int8, '{node}'::pg_catalog.text) r; ")
+RUN_TICKS = ("SELECT r.failed_at, r.error_sqlstate, r.error_message FROM radix.run_ticks("
+             "ARRAY[{jobs}]::pg_catalog.uuid[], ARRAY[{planned}]::pg_catalog.int8[], "
+             "ARRAY[{attempts}]::pg_catalog.int4[], ARRAY[{macs}]::pg_catalog.text[], "
+             "ARRAY[{calls}]::pg_catalog.text[], ARRAY[{nexts}]::pg_catalog.int8[], '{node}'::pg_catalog.text) r; ")
+RUN_TICKS_RESULT = 2  # the results: BEGIN, the timeout, run_ticks' rows (one per tick, in order), COMMIT, the clean
 
 
 @dataclass(frozen=True)
@@ -68,25 +70,20 @@ def batch_key(job: JobDefinition) -> tuple[str, str, str]:
 
 
 def batch_query(items: list[BatchItem], session_key: bytes, node_hex: str) -> bytes:
-    """The batch as one simple query. Results: BEGIN, the first tick's timeout, one per tick (run_tick's
-    row: ``run_tick_result``), COMMIT, and the clean's (its identity check last)."""
-    parts = [b"BEGIN; ", TIMEOUT.format(ms=int(items[0].job.deadline_ms)).encode()]
-    for index, item in enumerate(items):
+    """The batch as one simple query; run_ticks' rows are its result ``RUN_TICKS_RESULT``."""
+    calls = []
+    for item in items:
         assert item.job.call is not None
-        following = "NULL" if item.next_planned_ns is None else f"'{int(item.next_planned_ns)}'"
-        after = items[min(index + 1, len(items) - 1)]
-        parts.append(RUN_TICK.format(following_ms=int(after.job.deadline_ms), job=item.tick.job_id,
-                                     planned=int(item.tick.planned_ns), mac=attempt_mac(session_key, item.tick.token),
-                                     call=dollar_quoted(item.job.call.decode(), "radix_call"), next=following,
-                                     node=node_hex).encode())
-    parts.append(b"COMMIT; ")
-    parts.append(clean_statement())
-    return b"".join(parts)
-
-
-def run_tick_result(index: int) -> int:
-    """The result of the ``index``-th tick's run_tick row in the batch's query."""
-    return 2 + index
+        calls.append(dollar_quoted(item.job.call.decode(), "radix_call"))
+    nexts = ("NULL" if item.next_planned_ns is None else f"'{int(item.next_planned_ns)}'" for item in items)
+    run = RUN_TICKS.format(jobs=", ".join(f"'{item.tick.job_id}'" for item in items),
+                           planned=", ".join(f"'{int(item.tick.planned_ns)}'" for item in items),
+                           attempts=", ".join(f"'{int(item.tick.attempt)}'" for item in items),
+                           macs=", ".join(f"'{attempt_mac(session_key, item.tick.token)}'" for item in items),
+                           calls=", ".join(calls), nexts=", ".join(nexts), node=node_hex)
+    deadline_ms = min(int(item.job.deadline_ms) for item in items)
+    return b"".join((b"BEGIN; ", TIMEOUT.format(ms=deadline_ms).encode(), run.encode(), b"COMMIT; ",
+                     clean_statement()))
 
 
 class BatchExecution(Execution):
@@ -161,8 +158,7 @@ class BatchExecution(Execution):
                 self._durations.note(job.signature, elapsed_ms / len(items))
                 if await cleaned(cur):
                     self._principals.mark_clean(conn)
-                for index in range(len(items)):
-                    rows.append(await (await cur.set_result(run_tick_result(index))).fetchone())
+                rows.extend(await (await cur.set_result(RUN_TICKS_RESULT)).fetchall())
             try:
                 return await self._record(conn, items, rows, began, started)
             except BaseException:
@@ -173,7 +169,7 @@ class BatchExecution(Execution):
     async def _record(self, conn: psycopg.AsyncConnection[Any], items: list[BatchItem],
                       rows: list[tuple[Any, ...] | None], began: datetime.datetime,
                       started: float) -> list[BatchItem]:
-        """Each tick's outcome as run_tick reported it, recorded as a lone tick's; returns those not run."""
+        """Each tick's outcome as run_ticks reported it, recorded as a lone tick's; returns those not run."""
         alone: list[BatchItem] = []
         for item, row in zip(items, rows, strict=True):
             failed_at, sqlstate, message = row[:3] if row is not None else ("begin", NOT_RUN_SQLSTATE, "")
