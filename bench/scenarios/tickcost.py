@@ -5,9 +5,10 @@ The daemon's tick query (engine/ticks.py: ``BEGIN; begin_tick; DO … CALL …; 
 sent ``--ticks`` times, one after another, on one connection logged in as the principal, and the CPU of that
 backend alone is read (no other backend, no client, no concurrency). Rounds alternate three variants:
 
-- ``radix``: the query as the daemon sends it, radix.begin_tick and radix.end_tick as installed (the tick
-  lock, the checks, the MAC, the frame, the state advanced, the history row, the prune);
-- ``noop``: both functions replaced by functions that do nothing, in this scenario's own throwaway database
+- ``radix``: the query as the daemon sends it, radix.begin_tick and radix.end_tick (radix.end_ticks for a
+  batch) as installed (the tick lock, the checks, the MAC, the frame, the state advanced, the history row,
+  the prune);
+- ``noop``: those functions replaced by functions that do nothing, in this scenario's own throwaway database
   (the same SECURITY DEFINER calls with the same settings, so what is left is the query itself: parsing, the
   CALL of ``bench.touch``, the commit, the clean);
 - ``noclean``: as ``radix``, with the clean after the COMMIT (engine/principals.py) replaced by
@@ -16,9 +17,11 @@ backend alone is read (no other backend, no client, no concurrency). Rounds alte
 ``radix − noop`` is radixjobs' own work in the server per tick; the rest is what any scheduler that runs the
 procedure in its own transaction, as the principal, pays. ``--history N`` first gives every job N rows of
 history (then VACUUM ANALYZE), as a recurring job has once it has run N times: at or past its limit (256 by
-default) every tick also prunes its oldest row. The jobs are one-time jobs, each run once; ``--recurring``
-runs 500 jobs EVERY 1 hour instead, each many times, made due again when none is (every job runs once before
-the rounds: a job's later ticks, as in a daemon that has run for a while). ``--perf FILE`` runs one more
+default) every tick also prunes its oldest row. ``--batch K`` sends K ticks per transaction, as the daemon's
+tick batches do (``BEGIN; SELECT … FROM radix.run_ticks(…); COMMIT; <clean>``, engine/batches.py). The
+jobs are one-time jobs, each run once; ``--recurring`` runs 500 jobs EVERY 1 hour instead, each many times,
+made due again when none is (every job runs once before the rounds: a job's later ticks, as in a daemon that
+has run for a while). ``--perf FILE`` runs one more
 ``radix`` round, not counted, under ``perf record`` attached to the backend (perf must be installed; DWARF
 call graphs, as the server is built without frame pointers, so ``perf report --children`` gives each C
 function with what it calls). Each round reads CPU over ``--ticks`` ticks (the kernel counts in 10 ms steps:
@@ -41,7 +44,7 @@ import psutil
 import psycopg
 
 from harness import BenchDatabase, clone_jobs, wait_for
-from radixjobs.engine.batches import BatchItem, batch_query
+from radixjobs.engine.batches import RUN_TICKS_RESULT, BatchItem, batch_query
 from radixjobs.engine.definitions import JobDefinition, build_call
 from radixjobs.engine.principals import principal_dsn
 from radixjobs.engine.ticks import FIND_TICKS, Tick, tick_query
@@ -67,9 +70,12 @@ SELECT j.job_id, j.definition_version, -g, 1, j.job_id::text || '/' || (-g)::tex
        true, now(), now()
 FROM radix.jobs j, generate_series(1, %s) g
 """
-FUNCTIONS = ("radix.begin_tick(uuid, bigint, text)", "radix.end_tick(uuid, text, bigint, text)")
+FUNCTIONS = ("radix.begin_tick(uuid, bigint, text)", "radix.end_tick(uuid, text, bigint, text)",
+             "radix.end_ticks(uuid[], bigint[], integer[], text[], bigint[], text)")
 SIGNATURES = ("radix.begin_tick(job uuid, planned_ns bigint, mac text)",
-              "radix.end_tick(job uuid, mac text, next_planned_ns bigint, node text)")
+              "radix.end_tick(job uuid, mac text, next_planned_ns bigint, node text)",
+              "radix.end_ticks(jobs uuid[], planned bigint[], attempts integer[], macs text[], nexts bigint[], "
+              "node text)")
 NOOP = """
 CREATE OR REPLACE FUNCTION {signature} RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
@@ -92,7 +98,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"{RECURRING_JOBS} jobs EVERY 1 hour, each run many times (made due again when none "
                              "is), instead of one-time jobs run once each")
     parser.add_argument("--batch", type=int, default=1, metavar="K",
-                        help="ticks per transaction, as the daemon's tick batches send them (radix.run_tick; "
+                        help="ticks per transaction, as the daemon's tick batches send them (radix.run_ticks; "
                              "default 1: lone ticks)")
     parser.add_argument("--perf", metavar="FILE", default=None,
                         help="one more radix round under `perf record` on the backend, written to FILE")
@@ -131,9 +137,10 @@ def _round(scheduler: psycopg.Connection[Any], principal: psycopg.Connection[Any
             if batch > 1:
                 with principal.cursor() as cursor:
                     cursor.execute(query, prepare=False)
-                    cursor.nextset()  # BEGIN's result, then the first tick's timeout: run_tick_result(0) is next
-                    outcomes = [cursor.fetchone() if cursor.nextset() else None for _ in chunk]
-                    if any(row is None or row[0] is not None for row in outcomes):
+                    for _ in range(RUN_TICKS_RESULT):
+                        cursor.nextset()
+                    outcomes = cursor.fetchall()
+                    if len(outcomes) != len(chunk) or any(row[0] is not None for row in outcomes):
                         raise RuntimeError(f"a tick of the batch failed: {outcomes}")
             else:
                 principal.execute(query, prepare=False)
