@@ -120,3 +120,19 @@ def test_recurring_ticks_in_a_batch_advance_to_their_next_tick(app: App) -> None
         assert state["planned_ns"] == before[name] + (i + 1) * 3_600_000_000_000
         (h,) = app.history(name)
         assert (h["status"], h["planned_ns"], h["attempt"], h["atomic"]) == ("succeeded", before[name], 1, True)
+
+
+def test_ticks_in_batches_keep_each_jobs_history_at_its_limit(app: App) -> None:
+    app.conn.execute(MAYBE.encode())
+    names = [app.job(f"CREATE JOB app.h{i} SCHEDULE EVERY INTERVAL '1 hour' RUN AS {{p}} CALL app.maybe('h{i}') "
+                     f"WITH (history = 2)") for i in range(5)]
+    batched = 0
+    planned: dict[str, list[int]] = {n: [] for n in names}
+    for _ in range(4):
+        for name in names:
+            planned[name].append(app.state(name)["planned_ns"])
+            app.make_due(name)
+        batched += _run(app).counters["batched_ticks"]
+    assert batched >= 8  # most rounds ran in batches
+    for name in names:
+        assert [h["planned_ns"] for h in app.history(name)] == planned[name][-2:]  # the newest two
