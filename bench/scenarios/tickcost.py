@@ -5,9 +5,9 @@ The daemon's tick query (engine/ticks.py: ``BEGIN; begin_tick; DO … CALL …; 
 sent ``--ticks`` times, one after another, on one connection logged in as the principal, and the CPU of that
 backend alone is read (no other backend, no client, no concurrency). Rounds alternate three variants:
 
-- ``radix``: the query as the daemon sends it, radix.begin_tick and radix.end_tick (radix.end_ticks for a
-  batch) as installed (the tick lock, the checks, the MAC, the frame, the state advanced, the history row,
-  the prune);
+- ``radix``: the query as the daemon sends it, radix.begin_tick and radix.end_tick (radix.start_tick and
+  radix.end_ticks for a batch) as installed (the tick lock, the checks, the MAC, the frame, the state
+  advanced, the history row, the prune);
 - ``noop``: those functions replaced by functions that do nothing, in this scenario's own throwaway database
   (the same SECURITY DEFINER calls with the same settings, so what is left is the query itself: parsing, the
   CALL of ``bench.touch``, the commit, the clean);
@@ -71,13 +71,16 @@ SELECT j.job_id, j.definition_version, -g, 1, j.job_id::text || '/' || (-g)::tex
 FROM radix.jobs j, generate_series(1, %s) g
 """
 FUNCTIONS = ("radix.begin_tick(uuid, bigint, text)", "radix.end_tick(uuid, text, bigint, text)",
+             "radix.start_tick(uuid, bigint, text)",
              "radix.end_ticks(uuid[], bigint[], integer[], text[], bigint[], text)")
-SIGNATURES = ("radix.begin_tick(job uuid, planned_ns bigint, mac text)",
-              "radix.end_tick(job uuid, mac text, next_planned_ns bigint, node text)",
+SIGNATURES = ("radix.begin_tick(job uuid, planned_ns bigint, mac text) RETURNS void",
+              "radix.end_tick(job uuid, mac text, next_planned_ns bigint, node text) RETURNS void",
+              "radix.start_tick(job uuid, planned_ns bigint, mac text, OUT error_sqlstate text, "
+              "OUT error_message text)",
               "radix.end_ticks(jobs uuid[], planned bigint[], attempts integer[], macs text[], nexts bigint[], "
-              "node text)")
+              "node text) RETURNS void")
 NOOP = """
-CREATE OR REPLACE FUNCTION {signature} RETURNS void
+CREATE OR REPLACE FUNCTION {signature}
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan
