@@ -80,6 +80,21 @@ LEDGER_WRITES = {
     "end_tick of its own tick with a guessed MAC": "PERFORM radix.end_tick(radix.current_job_id(), "
                                                    "md5(random()::text), 0, '41');",
     "end_tick of another job": "PERFORM radix.end_tick('{victim}', md5(random()::text), 0, '41');",
+    # tick batches (0016): start_tick reports its refusal instead of raising it, so the body raises on it
+    "start_tick with a guessed MAC": "IF (SELECT s.error_sqlstate FROM radix.start_tick(radix.current_job_id(), 0, "
+                                     "md5(random()::text)) s) IS NOT NULL THEN RAISE 'refused'; END IF;",
+    "start_tick of another job with the session key": "IF (SELECT s.error_sqlstate FROM radix.start_tick('{victim}', "
+                                                       "0, radix.attempt_session()) s) IS NOT NULL THEN "
+                                                       "RAISE 'refused'; END IF;",
+    "end_ticks of its own tick with a guessed MAC": "PERFORM radix.end_ticks(ARRAY[radix.current_job_id()], "
+                                                    "ARRAY[0::bigint], ARRAY[1], ARRAY[md5(random()::text)], "
+                                                    "ARRAY[NULL::bigint], '41');",
+    "end_ticks of another job": "PERFORM radix.end_ticks(ARRAY['{victim}'::uuid], ARRAY[0::bigint], ARRAY[1], "
+                                "ARRAY[md5(random()::text)], ARRAY[NULL::bigint], '41');",
+    "run_ticks of another job": "IF (SELECT r.failed_at FROM radix.run_ticks(ARRAY['{victim}'::uuid], "
+                                "ARRAY[0::bigint], ARRAY[1], ARRAY[radix.attempt_session()], "
+                                "ARRAY['CALL app.record(''ran'')'], ARRAY[NULL::bigint], '41') r) IS NOT NULL "
+                                "THEN RAISE 'refused'; END IF;",
     "find_ticks": "PERFORM * FROM radix.find_ticks('evil', 10, 0, '{{}}', '{{}}');",
     "claim_tick": "PERFORM * FROM radix.claim_tick('evil', '{victim}', 0, gen_random_uuid(), 300, true, now());",
     "record_lost_tick": "PERFORM radix.record_lost_tick('evil', '{victim}', 0, 1, now(), now(), NULL);",
