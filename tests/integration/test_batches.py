@@ -1,7 +1,7 @@
 """Tick batches through the engine (0015_tick_batches.sql, 0016_batch_end.sql, engine/batches.py): a backlog of
 short ticks of one principal, owner and procedure runs in batches, each tick once; a tick that fails fails
 alone, a procedure that commits inside is run non-atomically, a batch that times out runs its ticks alone,
-and recurring ticks of a batch each advance to their own next tick."""
+and recurring ticks of a batch each advance to their own next tick, each job's history kept at its limit."""
 
 from __future__ import annotations
 
