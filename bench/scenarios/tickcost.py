@@ -72,13 +72,13 @@ FROM radix.jobs j, generate_series(1, %s) g
 """
 FUNCTIONS = ("radix.begin_tick(uuid, bigint, text)", "radix.end_tick(uuid, text, bigint, text)",
              "radix.start_tick(uuid, bigint, text)",
-             "radix.end_ticks(uuid[], bigint[], integer[], text[], bigint[], text)")
+             "radix.end_ticks(uuid[], bigint[], integer[], text[], bigint[], boolean[], text)")
 SIGNATURES = ("radix.begin_tick(job uuid, planned_ns bigint, mac text) RETURNS void",
               "radix.end_tick(job uuid, mac text, next_planned_ns bigint, node text) RETURNS void",
               "radix.start_tick(job uuid, planned_ns bigint, mac text, OUT error_sqlstate text, "
               "OUT error_message text)",
               "radix.end_ticks(jobs uuid[], planned bigint[], attempts integer[], macs text[], nexts bigint[], "
-              "node text) RETURNS void")
+              "ran boolean[], node text) RETURNS void")
 NOOP = """
 CREATE OR REPLACE FUNCTION {signature}
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER

@@ -136,3 +136,13 @@ def test_ticks_in_batches_keep_each_jobs_history_at_its_limit(app: App) -> None:
     assert batched >= 8  # most rounds ran in batches
     for name in names:
         assert [h["planned_ns"] for h in app.history(name)] == planned[name][-2:]  # the newest two
+
+
+@pytest.mark.parametrize("tags", [["bad", "bad"], ["a", "bad"], ["bad", "a"]])
+def test_a_batch_leaves_no_frame_whichever_of_its_ticks_fail(app: App, tags: list[str]) -> None:
+    # each tick's frame is written in the batch's own transaction (radix.start_tick): radix.end_ticks removes
+    # the last one, also when its tick's CALL failed, so that no frame of a tick outlives the batch
+    _jobs(app, tags)
+    engine = _run(app)
+    assert engine.counters["batched_ticks"] == 2
+    assert app.conn.execute("SELECT count(*) FROM radix.attempt_frames").fetchone() == (0,)

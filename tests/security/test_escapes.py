@@ -88,9 +88,9 @@ LEDGER_WRITES = {
                                                        "RAISE 'refused'; END IF;",
     "end_ticks of its own tick with a guessed MAC": "PERFORM radix.end_ticks(ARRAY[radix.current_job_id()], "
                                                     "ARRAY[0::bigint], ARRAY[1], ARRAY[md5(random()::text)], "
-                                                    "ARRAY[NULL::bigint], '41');",
+                                                    "ARRAY[NULL::bigint], ARRAY[true], '41');",
     "end_ticks of another job": "PERFORM radix.end_ticks(ARRAY['{victim}'::uuid], ARRAY[0::bigint], ARRAY[1], "
-                                "ARRAY[md5(random()::text)], ARRAY[NULL::bigint], '41');",
+                                "ARRAY[md5(random()::text)], ARRAY[NULL::bigint], ARRAY[true], '41');",
     "run_ticks of another job": "IF (SELECT r.failed_at FROM radix.run_ticks(ARRAY['{victim}'::uuid], "
                                 "ARRAY[0::bigint], ARRAY[1], ARRAY[radix.attempt_session()], "
                                 "ARRAY['CALL app.record(''ran'')'], ARRAY[NULL::bigint], '41') r) IS NOT NULL "

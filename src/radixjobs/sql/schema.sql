@@ -6202,7 +6202,7 @@ GRANT EXECUTE ON FUNCTION radix.run_tick(uuid, bigint, text, text, bigint, text)
 --   for each tick: the role check and radix.start_tick (begin_tick's lock, checks and frame, its refusals
 --   reported instead of raised), then the CALL (its DO block) in an exception block, its own
 --   subtransaction: a failure rolls back that tick's CALL alone and is reported in its row;
---   then radix.end_ticks for the ticks that ran: the last frame deleted, every state advanced by one
+--   then radix.end_ticks: the last started tick's frame deleted, every state that ran advanced by one
 --   UPDATE (each fenced by its token's MAC, as end_tick's), their history rows by one INSERT, the prune and
 --   the requests as end_tick's.
 --
@@ -6318,12 +6318,15 @@ BEGIN
     END IF;
 END $$;
 
--- end_ticks: the end of the ticks of a batch that ran (their CALLs done in this transaction): `jobs`,
--- with their ticks (`planned`), attempts (`attempts`: the state's attempt + 1, as radix.find_ticks gave
--- them), MACs (as begin_tick took them) and following ticks (`nexts`, NULL: none); `node` hex-encoded.
--- RXL01 when a tick's state is no longer as begun; nothing is written then.
+-- end_ticks: the end of a batch's ticks: `jobs`, with their ticks (`planned`), attempts (`attempts`: the
+-- state's attempt + 1, as radix.find_ticks gave them), MACs (as start_tick took them), following ticks
+-- (`nexts`, NULL: none) and whether each ran (`ran`: its CALL done in this transaction); `node` hex-encoded.
+-- Markers are written for the ticks that ran; RXL01 when one of them is no longer as begun (nothing is
+-- written then). The frame the last started tick left (start_tick writes it in the batch's transaction,
+-- so a tick whose CALL failed leaves it too) is deleted when its MAC is one of the batch's, as end_tick
+-- checks a frame's.
 CREATE FUNCTION radix.end_ticks(jobs uuid[], planned bigint[], attempts integer[], macs text[], nexts bigint[],
-                                node text)
+                                ran boolean[], node text)
 RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -6331,23 +6334,28 @@ SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
-    expected integer := coalesce(cardinality(jobs), 0);
+    ran_jobs uuid[] := ARRAY(SELECT u.job FROM unnest(jobs, ran) AS u(job, did) WHERE u.did);
     written integer;
 BEGIN
-    IF expected = 0 THEN
+    DELETE FROM radix.attempt_frames f
+    USING unnest(jobs, macs) AS u(job, mac), radix.attempt_secret k
+    WHERE f.pid = pg_backend_pid() AND f.job_id = u.job
+      AND encode(sha256(sha256(k.secret || int4send(f.pid) || timestamptz_send(f.backend_start))
+                        || uuid_send(f.lease_token)), 'hex') = u.mac;
+    IF cardinality(ran_jobs) = 0 THEN
         RETURN;
     END IF;
-    -- the frame of the last tick that ran (each tick's begin_tick replaced the one before it)
-    DELETE FROM radix.attempt_frames f WHERE f.pid = pg_backend_pid() AND f.job_id = ANY (jobs);
     -- a history row left 'running' by a lease fenced before (ALTER JOB) belongs to no attempt now (as
     -- end_tick closes it; rolled back with the rest if a tick is no longer as begun)
     UPDATE radix.radix_system_job_history h SET status = 'lease_lost', finished_at = clock_timestamp(),
         error = jsonb_build_object('error', 'PL_JOB_ATTEMPT_FAILED', 'kind', 'lease_lost',
                                    'category', 'connection',
                                    'detail', jsonb_build_object('reason', 'job redefined'))
-    WHERE h.job_id = ANY (jobs) AND h.status = 'running';
+    WHERE h.job_id = ANY (ran_jobs) AND h.status = 'running';
     WITH t AS (
-        SELECT * FROM unnest(jobs, planned, attempts, macs, nexts) AS t(job, planned_ns, attempt, mac, next_ns)
+        SELECT * FROM unnest(jobs, planned, attempts, macs, nexts, ran)
+                      AS t(job, planned_ns, attempt, mac, next_ns, did)
+        WHERE t.did
     ), session AS MATERIALIZED (  -- once, not once per state row
         SELECT k.secret, sha256(k.secret || int4send(pg_backend_pid()) || timestamptz_send(a.backend_start)) AS key
         FROM radix.attempt_secret k, pg_stat_get_activity(pg_backend_pid()) a
@@ -6364,8 +6372,8 @@ BEGIN
                                                        THEN (t.planned_ns - s.planned_ns) / j.interval_ns ELSE 0 END,
             last_error = NULL, updated_at = clock_timestamp()
         FROM t, radix.jobs j, session x
-        -- `= ANY (jobs)`: key probes whatever the plan (a generic plan does not know the batch is small)
-        WHERE s.job_id = ANY (jobs) AND j.job_id = ANY (jobs) AND s.job_id = t.job AND j.job_id = t.job
+        -- `= ANY (ran_jobs)`: key probes whatever the plan (a generic plan does not know the batch is small)
+        WHERE s.job_id = ANY (ran_jobs) AND j.job_id = ANY (ran_jobs) AND s.job_id = t.job AND j.job_id = t.job
           AND s.status IN ('scheduled', 'retry_wait')
           AND s.request_kind IS NULL AND NOT s.via_lease AND s.attempt = t.attempt - 1
           -- the MAC of radix._tick_token(job, planned, s.attempt, s.updated_at), inlined
@@ -6383,20 +6391,21 @@ BEGIN
            'succeeded', convert_from(decode(end_ticks.node, 'hex'), 'UTF8'), 'schedule', true, now(), clock_timestamp()
     FROM advanced a;
     GET DIAGNOSTICS written = ROW_COUNT;
-    IF written <> expected THEN
+    IF written <> cardinality(ran_jobs) THEN
         RAISE EXCEPTION 'a tick of the batch is no longer as it began' USING ERRCODE = 'RXL01';
     END IF;
     -- each job's rows past its limit, by radix._prune_history (its plan walks the job's index backward and
     -- stops at the limit; one set-based DELETE for the batch was planned as a bitmap scan and a sort of
     -- every row of the batch's jobs, which grew with their history)
-    PERFORM radix._prune_history(u.job) FROM unnest(jobs) AS u(job);
-    IF EXISTS (SELECT 1 FROM radix.job_requests q WHERE q.job_id = ANY (jobs)) THEN
+    PERFORM radix._prune_history(u.job) FROM unnest(ran_jobs) AS u(job);
+    IF EXISTS (SELECT 1 FROM radix.job_requests q WHERE q.job_id = ANY (ran_jobs)) THEN
         PERFORM radix._promote_request(q.job_id)
-        FROM (SELECT DISTINCT r.job_id FROM radix.job_requests r WHERE r.job_id = ANY (jobs)) q;
+        FROM (SELECT DISTINCT r.job_id FROM radix.job_requests r WHERE r.job_id = ANY (ran_jobs)) q;
     END IF;
 END $$;
 
-GRANT EXECUTE ON FUNCTION radix.end_ticks(uuid[], bigint[], integer[], text[], bigint[], text) TO PUBLIC;
+GRANT EXECUTE ON FUNCTION radix.end_ticks(uuid[], bigint[], integer[], text[], bigint[], boolean[], text)
+    TO PUBLIC;
 
 -- run_ticks: a batch, one row per tick in order: `failed_at` NULL when the tick ran (its marker written by
 -- end_ticks at the end of this statement), else the step that failed ('begin': nothing ran, e.g. RXT01 or
@@ -6411,11 +6420,7 @@ RETURNS TABLE (failed_at text, error_sqlstate text, error_message text)
 LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
-    ran_jobs uuid[] := '{}';
-    ran_planned bigint[] := '{}';
-    ran_attempts integer[] := '{}';
-    ran_macs text[] := '{}';
-    ran_nexts bigint[] := '{}';
+    ran boolean[] := '{}';
 BEGIN
     FOR i IN 1 .. pg_catalog.cardinality(jobs) LOOP
         failed_at := NULL;
@@ -6438,16 +6443,10 @@ BEGIN
                 GET STACKED DIAGNOSTICS error_sqlstate = RETURNED_SQLSTATE, error_message = MESSAGE_TEXT;
             END;
         END IF;
-        IF failed_at IS NULL THEN
-            ran_jobs := pg_catalog.array_append(ran_jobs, jobs[i]);
-            ran_planned := pg_catalog.array_append(ran_planned, planned[i]);
-            ran_attempts := pg_catalog.array_append(ran_attempts, attempts[i]);
-            ran_macs := pg_catalog.array_append(ran_macs, macs[i]);
-            ran_nexts := pg_catalog.array_append(ran_nexts, nexts[i]);
-        END IF;
+        ran := pg_catalog.array_append(ran, failed_at IS NULL);
         RETURN NEXT;
     END LOOP;
-    PERFORM radix.end_ticks(ran_jobs, ran_planned, ran_attempts, ran_macs, ran_nexts, node);
+    PERFORM radix.end_ticks(jobs, planned, attempts, macs, nexts, ran, node);
 END $$;
 
 GRANT EXECUTE ON FUNCTION radix.run_ticks(uuid[], bigint[], integer[], text[], text[], bigint[], text) TO PUBLIC;
