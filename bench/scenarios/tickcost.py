@@ -45,7 +45,7 @@ import psycopg
 
 from harness import BenchDatabase, clone_jobs, wait_for
 from radixjobs.engine.batches import RUN_TICKS_RESULT, BatchItem, batch_query
-from radixjobs.engine.definitions import JobDefinition, build_call
+from radixjobs.engine.definitions import JobDefinition, build_batch_call, build_call
 from radixjobs.engine.principals import principal_dsn
 from radixjobs.engine.ticks import FIND_TICKS, Tick, tick_query
 from radixjobs.model import AtSchedule
@@ -112,13 +112,12 @@ def _backend_cpu_s(pid: int) -> float:
     return float(times.user + times.system)
 
 
-def _round(scheduler: psycopg.Connection[Any], principal: psycopg.Connection[Any], call: bytes, key: bytes,
+def _round(scheduler: psycopg.Connection[Any], principal: psycopg.Connection[Any], job: JobDefinition, key: bytes,
            ticks: int, clean: bool = True, recurring: bool = False, batch: int = 1) -> float:
     """Server CPU µs per tick over ``ticks`` ticks run one after another on ``principal``, ``batch`` ticks
     per transaction."""
     pid = principal.info.backend_pid
     done, started = 0, _backend_cpu_s(pid)
-    job = JobDefinition(uuid.UUID(int=0), 1, "bench.t0", "", "", call, 60_000, False, AtSchedule(0))
     while done < ticks:
         rows = scheduler.execute(FIND_TICKS.encode(), (NODE, 64, 0, [], [])).fetchall()
         if not rows and recurring:
@@ -134,7 +133,8 @@ def _round(scheduler: psycopg.Connection[Any], principal: psycopg.Connection[Any
             if batch > 1:
                 query = batch_query(items, key, NODE.encode().hex())
             else:
-                query = tick_query(call, chunk[0], 60_000, items[0].next_planned_ns, key, NODE.encode().hex())
+                query = tick_query(job.call or b"", chunk[0], 60_000, items[0].next_planned_ns, key,
+                                   NODE.encode().hex())
             if not clean:
                 query = query[:query.index(b"COMMIT; ") + len(b"COMMIT; ")] + b"SELECT true"
             if batch > 1:
@@ -151,13 +151,13 @@ def _round(scheduler: psycopg.Connection[Any], principal: psycopg.Connection[Any
     return (_backend_cpu_s(pid) - started) / ticks * 1e6
 
 
-def _perf_round(scheduler: psycopg.Connection[Any], principal: psycopg.Connection[Any], call: bytes, key: bytes,
-                ticks: int, output: str, recurring: bool, batch: int) -> None:
+def _perf_round(scheduler: psycopg.Connection[Any], principal: psycopg.Connection[Any], job: JobDefinition,
+                key: bytes, ticks: int, output: str, recurring: bool, batch: int) -> None:
     """One radix round under perf record, attached to the principal's backend."""
     perf = shutil.which("perf")
     if perf is None:
         raise RuntimeError("--perf: perf is not installed")
-    _round(scheduler, principal, call, key, WARM, recurring=recurring, batch=batch)
+    _round(scheduler, principal, job, key, WARM, recurring=recurring, batch=batch)
     if os.path.exists(output):
         os.remove(output)  # perf would keep it as FILE.old
     recorder = subprocess.Popen([perf, "record", "--call-graph", "dwarf,16384", "-e", "cpu-clock", "-F", "2000",
@@ -166,7 +166,7 @@ def _perf_round(scheduler: psycopg.Connection[Any], principal: psycopg.Connectio
     # perf says nothing when it is ready; its output file appears once it has attached
     wait_for(lambda: recorder.poll() is not None or os.path.exists(output), 10, "perf to attach")
     try:
-        _round(scheduler, principal, call, key, ticks, recurring=recurring, batch=batch)
+        _round(scheduler, principal, job, key, ticks, recurring=recurring, batch=batch)
     finally:
         recorder.send_signal(signal.SIGINT)
         _, err = recorder.communicate(timeout=60)
@@ -187,7 +187,8 @@ def run(db: BenchDatabase, args: argparse.Namespace) -> dict[str, Any]:
             conn.execute(b"VACUUM ANALYZE radix.radix_system_job_history")
         arguments = db.scalar("SELECT arguments FROM radix.jobs WHERE job_name = 't0'")
         installed = [str(db.scalar("SELECT pg_get_functiondef(%s::regprocedure)", (f,))) for f in FUNCTIONS]
-    call = build_call("bench", "touch", arguments)
+    job = JobDefinition(uuid.UUID(int=0), 1, "bench.t0", "", "", build_call("bench", "touch", arguments), 60_000,
+                        False, AtSchedule(0), batch_call=build_batch_call("bench", "touch", arguments))
     per_tick: dict[str, list[float]] = {variant: [] for variant in VARIANTS}
     with db.connect() as scheduler, psycopg.connect(principal_dsn(db.dsn, db.principal), autocommit=True,
                                                     prepare_threshold=None) as principal:
@@ -196,7 +197,7 @@ def run(db: BenchDatabase, args: argparse.Namespace) -> dict[str, Any]:
         assert session is not None
         key = bytes.fromhex(session[0])
         # warm: plans cached, functions compiled, and (recurring) every job run once, as it is once it has run
-        _round(scheduler, principal, call, key, jobs if args.recurring else min(WARM, args.ticks),
+        _round(scheduler, principal, job, key, jobs if args.recurring else min(WARM, args.ticks),
                recurring=args.recurring, batch=args.batch)
         for _ in range(args.rounds):
             for variant in VARIANTS:
@@ -204,13 +205,13 @@ def run(db: BenchDatabase, args: argparse.Namespace) -> dict[str, Any]:
                 for definition in definitions:
                     scheduler.execute(definition.encode())
                 clean = variant != "noclean"
-                _round(scheduler, principal, call, key, min(WARM, args.ticks), clean, args.recurring, args.batch)
-                per_tick[variant].append(_round(scheduler, principal, call, key, args.ticks, clean, args.recurring,
+                _round(scheduler, principal, job, key, min(WARM, args.ticks), clean, args.recurring, args.batch)
+                per_tick[variant].append(_round(scheduler, principal, job, key, args.ticks, clean, args.recurring,
                                                 args.batch))
         if args.perf:
             for definition in installed:
                 scheduler.execute(definition.encode())
-            _perf_round(scheduler, principal, call, key, args.ticks, args.perf, args.recurring, args.batch)
+            _perf_round(scheduler, principal, job, key, args.ticks, args.perf, args.recurring, args.batch)
     result: dict[str, Any] = {"ticks_per_round": args.ticks, "ticks_per_transaction": args.batch,
                               "rounds": args.rounds, "history_rows": args.history,
                               "jobs": "recurring" if args.recurring else "one-time"}

@@ -2,8 +2,8 @@
 
 Every case is run twice: as job DDL, and as PostgreSQL's own ``CALL`` with the same argument text. Each
 overload records which one ran, so an accepted job must name the overload CALL ran, and the engine's CALL
-built from the stored binding (``build_call``) must run it too. A refusal must be PostgreSQL's own
-refusal (same SQLSTATE) and write nothing.
+built from the stored binding (``build_call``, and ``build_batch_call`` as a tick batch runs it) must run it
+too. A refusal must be PostgreSQL's own refusal (same SQLSTATE) and write nothing.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import psycopg
 import pytest
 
 from radixjobs import catalog
-from radixjobs.engine.definitions import build_call
+from radixjobs.engine.definitions import build_batch_call, build_call, dollar_quoted
 from tests.integration.test_admission import (
     Counts,
     RoleFactory,
@@ -65,11 +65,16 @@ def stored_binding(job: dict[str, Any]) -> tuple[Binding, ...]:
     return tuple((a["name"], a["type"], a["value"], a["by_name"]) for a in job["arguments"])
 
 
-def run_stored_call(site: Site, conn: Conn, job: dict[str, Any]) -> None:
-    """The CALL the engine will make from the stored binding (exact types, values read by their input functions)."""
+def run_stored_call(site: Site, conn: Conn, job: dict[str, Any], batch: bool = False) -> None:
+    """The CALL the engine will make from the stored binding (exact types, values read by their input functions):
+    the lone tick's DO block, or (``batch``) the CALL a tick batch runs by EXECUTE in PL/pgSQL (radix.run_ticks)."""
     schema, name = site.su.execute("SELECT pronamespace::regnamespace::text, proname FROM pg_proc WHERE oid = %s",
                                    (job["procedure_oid"],)).fetchone() or ("", "")
-    conn.execute(build_call(schema, name, job["arguments"]))
+    if not batch:
+        conn.execute(build_call(schema, name, job["arguments"]))
+        return
+    call = dollar_quoted(build_batch_call(schema, name, job["arguments"]).decode(), "call")
+    conn.execute(("DO " + dollar_quoted(f"BEGIN EXECUTE {call}; END", "block")).encode())
 
 
 # ------------------------------------------------------------------------------------------ overload resolution
@@ -159,6 +164,8 @@ def test_overload_resolution_matches_call(site: Site, case: str) -> None:
         assert stored_binding(job) == spec.bound
     run_stored_call(site, site.su, job)
     assert last_call(site, tags) == spec.picks
+    run_stored_call(site, site.su, job, batch=True)
+    assert last_call(site, tags) == spec.picks
 
 
 # ------------------------------------------------------------------------------------------ stored values
@@ -220,4 +227,5 @@ def test_arguments_are_stored_canonically(site: Site, case: str, session: str) -
     (stored,) = job["arguments"]
     assert (stored["type"], stored["value"]) == (spec.parameter, spec.value)
     run_stored_call(site, site.connect(principal), job)
-    assert site.su.execute("SELECT tag FROM work.calls").fetchall() == [(spec.value or "<null>",)]
+    run_stored_call(site, site.connect(principal), job, batch=True)
+    assert site.su.execute("SELECT tag FROM work.calls").fetchall() == [(spec.value or "<null>",)] * 2

@@ -1,11 +1,12 @@
 """The daemon's queue of found ticks and its memory of procedures' durations (engine/ticks.py), as batches
-(engine/batches.py) use them: a batch takes only due ticks that no slot took, the others keep their places."""
+(engine/batches.py) use them: a batch takes only due ticks that no slot took, the others keep their places, and
+no more than fit the batch's time budget at the procedure's last duration."""
 
 from __future__ import annotations
 
 import uuid
 
-from radixjobs.engine.ticks import BATCH_TICK_MS, Durations, Tick, TickQueue
+from radixjobs.engine.ticks import BATCH_BUDGET_MS, BATCH_TICK_MS, Durations, Tick, TickQueue
 
 
 def _tick(principal: int, due_at: float, n: int) -> Tick:
@@ -31,6 +32,26 @@ def test_a_batch_takes_at_most_its_limit_and_nothing_from_an_empty_queue() -> No
     assert len(queue.take_like(lead, 3, 1.0, lambda t: True)) == 3
     assert len(queue) == 6
     assert queue.take_like(_tick(9, 0.0, 99), 8, 1.0, lambda t: True) == []
+
+
+def test_the_queue_counts_a_principals_due_ticks() -> None:
+    queue = TickQueue()
+    queue.replace([_tick(1, 0.0, n) for n in range(5)] + [_tick(1, 5.0, 5), _tick(2, 0.0, 6)], 64, 0.0)
+    assert queue.due(1, 1.0) == 5
+    assert queue.due(1, 5.0) == 6
+    assert queue.due(2, 1.0) == 1
+    assert queue.due(3, 1.0) == 0
+
+
+def test_a_batch_holds_what_fits_its_budget_at_the_last_duration() -> None:
+    durations = Durations()
+    assert durations.batch_size("a()") == 0  # not known: no batch
+    durations.note("a()", BATCH_TICK_MS)
+    assert durations.batch_size("a()") == int(BATCH_BUDGET_MS / BATCH_TICK_MS)
+    durations.note("a()", 0.0)
+    assert durations.batch_size("a()") > 1000
+    durations.note("a()", BATCH_TICK_MS + 1)
+    assert durations.batch_size("a()") == 0
 
 
 def test_durations_say_short_only_for_a_known_procedure_under_the_limit() -> None:

@@ -127,7 +127,7 @@ def tick_batch_option(function: F) -> F:
     """``--tick-batch N`` (or RADIXJOBS_TICK_BATCH; the flag wins): engine/batches.py."""
     return click.option(
         "--tick-batch", envvar="RADIXJOBS_TICK_BATCH", default=BATCH_MAX, show_default=True,
-        type=click.IntRange(1, 64), metavar="N",
+        type=click.IntRange(1, BATCH_MAX), metavar="N",
         help="Under a backlog, run up to N due ticks of one principal, owner and procedure in one transaction "
              "(1: each tick alone; docs/guarantees.md#tick-batches). Env: RADIXJOBS_TICK_BATCH.")(function)
 

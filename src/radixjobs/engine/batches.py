@@ -4,7 +4,8 @@ connection, ``BEGIN; SELECT … FROM radix.run_ticks(…); COMMIT;`` and the con
 
 Invariants:
 - A batch forms only from a backlog: the queue deals due ticks to free slots first (engine/ticks.py), and a
-  batch takes only due ticks left over, so a tick that could start alone never waits for company.
+  batch takes only due ticks left over, so a tick that could start alone never waits for company. The
+  leftovers of a principal are dealt evenly among the batches its ticks lead (engine/runner.py).
 - Each tick runs in its own subtransaction of radix.run_ticks: its procedure commits with the batch, or
   rolls back alone; the ticks that ran get their markers at the end of the same statement (radix.end_ticks,
   one UPDATE and one INSERT for all), so a tick's procedure and its marker commit together or not at all.
@@ -16,8 +17,9 @@ Invariants:
   tick as found: each then runs alone, unless the engine is being cancelled (shutdown), when they stay due.
   When the COMMIT is in doubt, each tick's marker is read from the history, and a tick without one runs
   alone.
-- Only procedures whose last attempt here took at most BATCH_TICK_MS run in batches (ticks.Durations): a
-  batch holds its ticks' locks and hides their effects until its COMMIT, so no long procedure holds others.
+- Only procedures whose last attempt here took at most BATCH_TICK_MS run in batches (ticks.Durations), no
+  more of them than take BATCH_BUDGET_MS at that duration: a batch holds its ticks' locks and hides their
+  effects until its COMMIT, so no long procedure holds others, nor many short ones for long.
 - The ticks of a batch share a transaction: its now(), the SET LOCALs of earlier ticks, their temporary
   objects, and the query text (current_query()), which carries every tick's MAC. Hence one principal, one
   owner, one procedure: what one tick's code could do to another, the same code could do to itself. A
@@ -41,13 +43,17 @@ from radixjobs.engine.execution import Execution, log, tick_claim
 from radixjobs.engine.principals import clean_statement
 from radixjobs.engine.ticks import PUBLISH_AFTER_S, Tick, TickQueue
 
-BATCH_MAX = 8  # ticks per batch by default (serve --tick-batch)
+# Ticks per batch by default (serve --tick-batch), and at most: each tick's CALL is a subtransaction, and a
+# transaction's backend keeps the XIDs of up to 64 in shared memory, past which every snapshot taken
+# elsewhere while it runs must look in pg_subtrans (suboverflow); 32 leaves the procedures room for theirs.
+BATCH_MAX = 32
 BATCH_RUN_S = PUBLISH_AFTER_S  # a batch still running after this is cancelled, its ticks run alone
 NOT_RUN_SQLSTATE = "RXT02"  # radix.run_ticks: the session's role changed, the tick was not started
 
 # Every value is a quoted literal of digits, hex or a UUID with an explicit cast (as engine/ticks.py); each
-# CALL's DO block is a dollar-quoted constant. The batch is one statement, bounded by the smallest of its
-# ticks' timeouts: a tick starts after the statement did, so none runs past its own.
+# CALL (definitions.build_batch_call: no DO block) is a dollar-quoted constant. The batch is one statement,
+# bounded by the smallest of its ticks' timeouts: a tick starts after the statement did, so none runs past
+# its own.
 TIMEOUT = "SELECT pg_catalog.set_config('statement_timeout', '{ms}'::pg_catalog.text, true); "
 RUN_TICKS = ("SELECT r.failed_at, r.error_sqlstate, r.error_message FROM radix.run_ticks("
              "ARRAY[{jobs}]::pg_catalog.uuid[], ARRAY[{planned}]::pg_catalog.int8[], "
@@ -73,8 +79,8 @@ def batch_query(items: list[BatchItem], session_key: bytes, node_hex: str) -> by
     """The batch as one simple query; run_ticks' rows are its result ``RUN_TICKS_RESULT``."""
     calls = []
     for item in items:
-        assert item.job.call is not None
-        calls.append(dollar_quoted(item.job.call.decode(), "radix_call"))
+        assert item.job.batch_call is not None
+        calls.append(dollar_quoted(item.job.batch_call.decode(), "radix_call"))
     nexts = ("NULL" if item.next_planned_ns is None else f"'{int(item.next_planned_ns)}'" for item in items)
     run = RUN_TICKS.format(jobs=", ".join(f"'{item.tick.job_id}'" for item in items),
                            planned=", ".join(f"'{int(item.tick.planned_ns)}'" for item in items),
@@ -94,15 +100,17 @@ class BatchExecution(Execution):
     tick_batch: int
 
     def _batchable(self, job: JobDefinition | None) -> bool:
-        return (job is not None and job.call is not None and not job.non_atomic
+        return (job is not None and job.batch_call is not None and not job.non_atomic
                 and self._durations.short(job.signature))
 
-    def _batch_with(self, lead: Tick, now: float) -> list[BatchItem]:
-        """A batch led by ``lead``: the due ticks still queued of the same principal, owner and procedure,
-        up to ``tick_batch`` in all (none when ``lead`` may not run in a batch or has no company)."""
+    def _batch_with(self, lead: Tick, now: float, share: int) -> list[BatchItem]:
+        """A batch led by ``lead``: up to ``share`` more due ticks still queued of the same principal, owner
+        and procedure, up to ``tick_batch`` in all and to what fits the procedure's BATCH_BUDGET_MS (none
+        when ``lead`` may not run in a batch or has no company)."""
         job = self._definitions.get((lead.job_id, lead.definition_version))
         if job is None or not self._batchable(job):
             return []
+        limit = min(self.tick_batch, self._durations.batch_size(job.signature), share + 1) - 1
         key = batch_key(job)
         members = {lead.job_id: job}
 
@@ -113,7 +121,7 @@ class BatchExecution(Execution):
             members[tick.job_id] = other
             return True
 
-        others = self._queue.take_like(lead, self.tick_batch - 1, now, fits)
+        others = self._queue.take_like(lead, limit, now, fits)
         if not others:
             return []
         self.counters["batched_ticks"] += 1 + len(others)

@@ -65,6 +65,7 @@ class JobDefinition:
     schedule: Schedule
     max_attempts: int = 5  # WITH (max_attempts = N): attempts per tick, retries included
     owner: str = ""  # the job's owner (ticks batch only with their owner's: engine/batches.py)
+    batch_call: bytes | None = None  # the CALL alone, as a tick batch runs it (build_batch_call)
 
     def next_planned_after(self, planned_ns: int, anchor_ns: int) -> int | None:
         """The tick after ``planned_ns`` (None: no further tick, e.g. a one-time job)."""
@@ -76,7 +77,8 @@ class JobDefinition:
     def size_bytes(self) -> int:
         """An estimate of the memory this definition holds: its texts plus a fixed overhead."""
         texts = (self.name, self.principal, self.signature)
-        return DEFINITION_OVERHEAD_BYTES + len(self.call or b"") + sum(len(t) for t in texts)
+        return (DEFINITION_OVERHEAD_BYTES + len(self.call or b"") + len(self.batch_call or b"")
+                + sum(len(t) for t in texts))
 
 
 def schedule_of(row: dict[str, Any]) -> Schedule:
@@ -106,6 +108,19 @@ def _identifier(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
+def _call_arguments(arguments: list[dict[str, Any]]) -> list[tuple[str, str, str | None]]:
+    """Each argument as (its stored type, its value as a CAST of a dollar-quoted constant, its quoted name
+    or None when positional): positional arguments first, as given."""
+    ordered = sorted(arguments, key=lambda a: (bool(a.get("by_name")), int(a["position"])))
+    rendered: list[tuple[str, str, str | None]] = []
+    for arg in ordered:
+        type_name = str(arg["type"])
+        value = "NULL" if arg.get("value") is None else dollar_quoted(str(arg["value"]), "radix_value")
+        rendered.append((type_name, f"CAST({value} AS {type_name})",
+                         _identifier(arg["name"]) if arg.get("by_name") else None))
+    return rendered
+
+
 def build_call(procedure_schema: str, procedure_name: str, arguments: list[dict[str, Any]]) -> bytes:
     """A ``DO`` block that CALLs ``schema.proc(…)`` with each argument in a variable of its stored type.
 
@@ -120,33 +135,41 @@ def build_call(procedure_schema: str, procedure_name: str, arguments: list[dict[
     sql composition cost several times more (a burst of 10,000 new jobs spent a fifth of the daemon's
     CPU in it).
     """
-    ordered = sorted(arguments, key=lambda a: (bool(a.get("by_name")), int(a["position"])))
     declarations: list[str] = []
     parts: list[str] = []
-    for number, arg in enumerate(ordered, 1):
+    for number, (type_name, value, name) in enumerate(_call_arguments(arguments), 1):
         variable = f'"radix_argument_{number}"'
-        type_name = str(arg["type"])
-        value = "NULL" if arg.get("value") is None else dollar_quoted(str(arg["value"]), "radix_value")
-        declarations.append(f"{variable} {type_name} := CAST({value} AS {type_name});")
-        parts.append(f"{_identifier(arg['name'])} => {variable}" if arg.get("by_name") else variable)
+        declarations.append(f"{variable} {type_name} := {value};")
+        parts.append(f"{name} => {variable}" if name else variable)
     block = (f"DECLARE {' '.join(declarations)} BEGIN CALL {_identifier(procedure_schema)}."
              f"{_identifier(procedure_name)}({', '.join(parts)}); END")
     return ("DO " + dollar_quoted(block, "radix_do")).encode()  # one SQL: no tuple to unpack
 
 
+def build_batch_call(procedure_schema: str, procedure_name: str, arguments: list[dict[str, Any]]) -> bytes:
+    """The same CALL as build_call's, its arguments the same CASTs, without the DO block: what a tick batch
+    runs (radix.run_ticks, by EXECUTE in PL/pgSQL, which keeps an OUT row on the server too, in an atomic
+    context as every batched tick is). A DO block is compiled afresh each time it runs: about 20 µs a
+    tick, measured in a loop of EXECUTEs (docs/hot-path.md)."""
+    parts = [f"{name} => {value}" if name else value for _, value, name in _call_arguments(arguments)]
+    return (f"CALL {_identifier(procedure_schema)}.{_identifier(procedure_name)}({', '.join(parts)})").encode()
+
+
 def definition_from_row(row: dict[str, Any]) -> JobDefinition:
     call: bytes | None = None
+    batch_call: bytes | None = None
     if row["procedure_name"] is not None:
         arguments = row["arguments"]
         if isinstance(arguments, str):
             arguments = json.loads(arguments)
         call = build_call(row["procedure_schema"], row["procedure_name"], arguments)
+        batch_call = build_batch_call(row["procedure_schema"], row["procedure_name"], arguments)
     return JobDefinition(
         job_id=row["job_id"], definition_version=int(row["definition_version"]),
         name=f"{row['schema_name']}.{row['job_name']}", principal=row["principal_name"],
         signature=row["procedure_signature"], call=call,
         deadline_ms=int(row["deadline_ms"]), non_atomic=bool(row["non_atomic"]), schedule=schedule_of(row),
-        max_attempts=int(row["max_attempts"]), owner=str(row.get("owner_name") or ""))
+        max_attempts=int(row["max_attempts"]), owner=str(row.get("owner_name") or ""), batch_call=batch_call)
 
 
 class DefinitionCache:

@@ -27,8 +27,9 @@ from typing import Any
 from radixjobs.engine.attempt import attempt_mac
 from radixjobs.engine.principals import clean_statement
 
-# Ticks found per round trip: ahead of the free slots, so a backlog is not found one tick at a time.
-FIND_BATCH = 64
+# Ticks found per round trip: ahead of the free slots, so a backlog is not found one tick at a time, and
+# enough for every slot's batch (a principal's due ticks are dealt evenly among its slots: engine/runner.py).
+FIND_BATCH = 256
 # Ticks due within this many milliseconds are found ahead and started at their due time.
 HORIZON_MS = 50
 # Found ticks older than this are found again (their order among principals may have changed).
@@ -40,6 +41,9 @@ CAPPED_ELSEWHERE_RECHECK_S = 0.1
 PUBLISH_AFTER_S = 1.0
 # Only procedures whose last attempt here took at most this long run in batches (engine/batches.py).
 BATCH_TICK_MS = 10.0
+# ... and a batch holds no more of them than take this long at the procedure's last duration: a batch
+# hides its ticks' effects and holds their locks until its COMMIT.
+BATCH_BUDGET_MS = 100.0
 # Procedures whose last duration is remembered (least recently noted forgotten first).
 MAX_DURATIONS = 10_000
 
@@ -146,6 +150,15 @@ class TickQueue:
             del self._queued[principal]
         return taken
 
+    def due(self, principal: int, now: float) -> int:
+        """How many of ``principal``'s queued ticks are due by ``now``."""
+        count = 0
+        for tick in self._queued.get(principal, ()):
+            if tick.due_at > now:
+                break
+            count += 1
+        return count
+
     def take_like(self, lead: Tick, limit: int, now: float, fits: Callable[[Tick], bool]) -> list[Tick]:
         """Up to ``limit`` more ticks of ``lead``'s principal due by ``now`` that ``fits`` accepts, oldest
         first, for a batch with ``lead`` (engine/batches.py); the others keep their places."""
@@ -195,3 +208,11 @@ class Durations:
         """Did the procedure's last attempt here take at most BATCH_TICK_MS? (False when none is known.)"""
         ms = self._ms.get(signature)
         return ms is not None and ms <= BATCH_TICK_MS
+
+    def batch_size(self, signature: str) -> int:
+        """How many ticks of the procedure fit in BATCH_BUDGET_MS at its last attempt's duration (0: none
+        known, or over BATCH_TICK_MS)."""
+        ms = self._ms.get(signature)
+        if ms is None or ms > BATCH_TICK_MS:
+            return 0
+        return max(1, int(BATCH_BUDGET_MS / max(ms, 0.001)))
