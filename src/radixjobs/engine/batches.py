@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import time
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
@@ -103,10 +104,13 @@ class BatchExecution(Execution):
         return (job is not None and job.batch_call is not None and not job.non_atomic
                 and self._durations.short(job.signature))
 
-    def _batch_with(self, lead: Tick, now: float, share: int) -> list[BatchItem]:
-        """A batch led by ``lead``: up to ``share`` more due ticks still queued of the same principal, owner
-        and procedure, up to ``tick_batch`` in all and to what fits the procedure's BATCH_BUDGET_MS (none
-        when ``lead`` may not run in a batch or has no company)."""
+    def _batch_with(self, lead: Tick, now: float, leads_left: Counter[int]) -> list[BatchItem]:
+        """A batch led by ``lead``: the due ticks still queued of the same principal, owner and procedure,
+        an even share of them among the ``leads_left`` of that principal (this one included), up to
+        ``tick_batch`` in all and to what fits the procedure's BATCH_BUDGET_MS (none when ``lead`` may not
+        run in a batch or has no company)."""
+        share = -(-self._queue.due(lead.principal, now) // leads_left[lead.principal])  # rounded up
+        leads_left[lead.principal] -= 1
         job = self._definitions.get((lead.job_id, lead.definition_version))
         if job is None or not self._batchable(job):
             return []

@@ -323,15 +323,12 @@ class Engine(BatchExecution):
         now = time.monotonic()
         leads = self._queue.take(free, self._ticking_by, self.max_per_principal, now)
         started = 0
-        leads_left = Counter(lead.principal for lead in leads)
+        leads_left = Counter(lead.principal for lead in leads)  # a principal's backlog is dealt among them
         for lead in leads:
             self._slots.reserve(1)
             self._shared.reserve(1)
             self._ticking_by[lead.principal] += 1
-            # the principal's due ticks dealt evenly among its leads
-            share = -(-self._queue.due(lead.principal, now) // leads_left[lead.principal])
-            leads_left[lead.principal] -= 1
-            batch = self._batch_with(lead, now, share)
+            batch = self._batch_with(lead, now, leads_left)
             for tick in [item.tick for item in batch] or [lead]:
                 self._ticking[tick.job_id] = tick
                 self.counters["claims"] += 1
