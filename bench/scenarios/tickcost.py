@@ -71,12 +71,14 @@ SELECT j.job_id, j.definition_version, -g, 1, j.job_id::text || '/' || (-g)::tex
 FROM radix.jobs j, generate_series(1, %s) g
 """
 FUNCTIONS = ("radix.begin_tick(uuid, bigint, text)", "radix.end_tick(uuid, text, bigint, text)",
-             "radix.start_tick(uuid, bigint, text)",
+             "radix.start_tick(uuid, bigint, text)", "radix.start_ticks(uuid[], bigint[], text[])",
              "radix.end_ticks(uuid[], bigint[], integer[], text[], bigint[], boolean[], text)")
 SIGNATURES = ("radix.begin_tick(job uuid, planned_ns bigint, mac text) RETURNS void",
               "radix.end_tick(job uuid, mac text, next_planned_ns bigint, node text) RETURNS void",
               "radix.start_tick(job uuid, planned_ns bigint, mac text, OUT error_sqlstate text, "
               "OUT error_message text)",
+              "radix.start_ticks(jobs uuid[], planned bigint[], macs text[]) RETURNS TABLE (ordinal integer, "
+              "error_sqlstate text, error_message text, frame text)",
               "radix.end_ticks(jobs uuid[], planned bigint[], attempts integer[], macs text[], nexts bigint[], "
               "ran boolean[], node text) RETURNS void")
 NOOP = """

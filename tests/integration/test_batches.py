@@ -60,6 +60,13 @@ def test_a_backlog_runs_in_batches_each_tick_once(app: App) -> None:
     assert all([h["status"] for h in app.history(n)] == ["succeeded"] for n in names)
     started = _started(app)
     assert sorted(started.count(s) for s in set(started)) == [1, 8, 32]
+    # each tick's frame (radix.current_*(), read by app.record) is its own, in a batch as alone (0017: a
+    # batched tick's frame is a setting with a MAC, not a row)
+    effects = {e[1]: e for e in app.effects()}
+    for tag, name in zip(["lead", *tags], names, strict=True):
+        state = app.state(name)
+        job, attempt, key = effects[tag][4:7]
+        assert (job, attempt, key) == (state["job_id"], 1, f"{state['job_id']}/{state['planned_ns']}")
     assert {e[2] for e in app.effects()} == {app.principal}  # who: each tick as its principal
 
 

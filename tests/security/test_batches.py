@@ -1,9 +1,11 @@
-"""Tick batches (0015_tick_batches.sql, 0016_batch_end.sql, engine/batches.py) share one transaction and one
+"""Tick batches (0015_tick_batches.sql to 0017_batch_start.sql, engine/batches.py) share one transaction and one
 query text among their ticks, so a tick's code can reach the other ticks: their MACs are in current_query(),
 and its SET LOCALs outlive it. The attacks run through the real path (the engine forming batches from a
 backlog): a tick that switches role must not hand that role to the next tick; a tick that reads the MACs of
-the batch and ends the ticks after it must find none of another owner's; and one that ends a tick before it
-(run, its marker not yet written) must roll the whole batch back, each tick then run alone, once."""
+the batch and ends the ticks after it (started with the batch, 0017) or a tick before it (run, its marker not
+yet written) must roll the whole batch back, each tick then run alone, once. A batched tick's frame is a setting
+with a MAC (0017): a procedure that sets it to a frame saved from an earlier batch, or to one it made up, does
+not become that tick."""
 
 from __future__ import annotations
 
@@ -90,8 +92,10 @@ END $$
 """
 
 
-def test_a_tick_that_ends_the_ticks_of_its_batch_finds_none_of_another_owner(app: App, roles: Any,
-                                                                             login: Any) -> None:
+def test_a_tick_that_ends_the_ticks_after_it_in_its_batch_ends_none(app: App, roles: Any, login: Any) -> None:
+    # The ticks after it were started with the batch (radix.start_ticks, 0017): one that the hostile code ends
+    # (its state advanced) still runs, and end_ticks then finds it no longer as it began: the whole batch
+    # rolls back, and each tick runs alone, where the query text carries no other tick's MAC.
     tenant = roles("tenant")
     _grant(app, "GRANT USAGE, CREATE ON SCHEMA app TO {0}; GRANT {1} TO {0}", tenant, app.principal)
     app.conn.execute(HOSTILE.encode())
@@ -104,12 +108,8 @@ def test_a_tick_that_ends_the_ticks_of_its_batch_finds_none_of_another_owner(app
     engine = run_engine(app.dsn, lambda e: e.run_due(), concurrency=1)
     assert engine.counters["batched_ticks"] >= 8
     tags = [e[1] for e in app.effects()]
-    # every tick of the tenant's ran, once: none was ended unrun by the other owner's code
-    assert sorted(t for t in tags if t.startswith("b")) == [f"b{i}" for i in range(8)]
-    ended = {t.removeprefix("ended ") for t in tags if t.startswith("ended ")}
-    assert ended  # the attack works where it can: on its own owner's ticks after it, in its batch
-    owners = dict(app.conn.execute("SELECT job_id::text, owner_name FROM radix.jobs").fetchall())
-    assert {owners[job] for job in ended} == {app.conn.info.user}  # only its own owner's
+    # every tick ran, once; none was ended unrun
+    assert sorted(tags) == sorted(["lead", *(f"a{i}" for i in range(8)), *(f"b{i}" for i in range(8))])
     # no batch held both owners' ticks
     rows = app.conn.execute("SELECT h.started_at, array_agg(DISTINCT j.owner_name) FROM "
                             "radix.radix_system_job_history h JOIN radix.jobs j USING (job_id) "
@@ -132,3 +132,49 @@ def test_a_tick_that_ends_an_earlier_tick_of_its_batch_rolls_the_batch_back(app:
     started = _started_by_job(app)
     assert len(started) == 7
     assert len(set(started.values())) == 7  # each in its own transaction: alone
+
+
+REPLAY = r"""
+CREATE TABLE app.saved (frame text);
+GRANT INSERT, SELECT ON app.saved TO {0};
+CREATE PROCEDURE app.replays(tag text) LANGUAGE plpgsql AS $$
+BEGIN
+  IF tag LIKE 'save%' THEN
+    INSERT INTO app.saved VALUES (current_setting('radix.tick', true));
+  ELSIF tag LIKE 'replay%' THEN
+    -- a frame saved from another transaction, then one made up for a job of its own owner
+    PERFORM set_config('radix.tick', (SELECT max(s.frame) FROM app.saved s), true);
+    CALL app.record(tag || ' saved');
+    PERFORM set_config('radix.tick', (SELECT j.job_id::text FROM radix.job_overview j WHERE j.name = 'app.save0')
+                                     || '/1/0/' || encode(sha256('forged'), 'hex'), true);
+    CALL app.record(tag || ' made up');
+  END IF;
+END $$
+"""
+
+
+def test_a_frame_saved_from_another_batch_or_made_up_is_not_taken(app: App) -> None:
+    app.conn.execute(sql.SQL(REPLAY).format(sql.Identifier(app.principal)))
+    app.job("CREATE JOB app.lead SCHEDULE AT TIMESTAMP '2019-01-01' RUN AS {p} CALL app.replays('lead')")
+    for i in range(4):  # a batch that saves its frames
+        app.job(f"CREATE JOB app.save{i} SCHEDULE AT TIMESTAMP '2020-01-0{i + 1}' RUN AS {{p}} "
+                f"CALL app.replays('save{i}')")
+    engine = run_engine(app.dsn, lambda e: e.run_due(), concurrency=1)
+    assert engine.counters["batched_ticks"] == 4
+    saved = [r[0] for r in app.conn.execute("SELECT frame FROM app.saved").fetchall()]
+    assert len(saved) == 4
+    assert all(f and f.count("/") == 3 for f in saved), saved  # each batched tick had its frame there
+    # then, in a new engine, ticks that replay them: the first alone (its procedure's duration not known yet),
+    # the others in a batch
+    names = {f"replay{i}": app.job(f"CREATE JOB app.replay{i} SCHEDULE AT TIMESTAMP '2021-01-0{i + 1}' "
+                                   f"RUN AS {{p}} CALL app.replays('replay{i}')") for i in range(4)}
+    engine = run_engine(app.dsn, lambda e: e.run_due(), concurrency=1)
+    assert engine.counters["batched_ticks"] == 3
+    saved_jobs = {app.state(f"app.save{i}")["job_id"] for i in range(4)}
+    rows = app.conn.execute("SELECT tag, job FROM app.effects WHERE tag LIKE 'replay%'").fetchall()
+    assert len(rows) == 8
+    for tag, job in rows:
+        assert job not in saved_jobs, tag  # neither frame was taken
+        # in a batch there is no frame row to fall back on (NULL); alone, the tick's own row
+        assert job in (None, app.state(names[tag.split()[0]])["job_id"]), tag
+    assert sum(job is None for _, job in rows) == 6  # the batch's three, each twice

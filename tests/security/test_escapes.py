@@ -95,6 +95,15 @@ LEDGER_WRITES = {
                                 "ARRAY[0::bigint], ARRAY[1], ARRAY[radix.attempt_session()], "
                                 "ARRAY['CALL app.record(''ran'')'], ARRAY[NULL::bigint], '41') r) IS NOT NULL "
                                 "THEN RAISE 'refused'; END IF;",
+    # 0017: a batch started at once, its ticks' frames a setting with a MAC
+    "start_ticks of another job with the session key": "IF (SELECT s.error_sqlstate FROM radix.start_ticks("
+                                                        "ARRAY['{victim}'::uuid], ARRAY[0::bigint], "
+                                                        "ARRAY[radix.attempt_session()]) s) IS NOT NULL THEN "
+                                                        "RAISE 'refused'; END IF;",
+    "compute a frame's MAC": "PERFORM radix._tick_frame_mac('{victim}/1/0');",
+    "name another job in the frame setting": "PERFORM set_config('radix.tick', '{victim}/1/0/' || "
+                                             "encode(sha256('x'), 'hex'), true); IF radix.current_job_id() "
+                                             "IS DISTINCT FROM '{victim}' THEN RAISE 'not taken'; END IF;",
     "find_ticks": "PERFORM * FROM radix.find_ticks('evil', 10, 0, '{{}}', '{{}}');",
     "claim_tick": "PERFORM * FROM radix.claim_tick('evil', '{victim}', 0, gen_random_uuid(), 300, true, now());",
     "record_lost_tick": "PERFORM radix.record_lost_tick('evil', '{victim}', 0, 1, now(), now(), NULL);",

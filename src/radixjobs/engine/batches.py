@@ -1,4 +1,4 @@
-"""Tick batches (0015_tick_batches.sql, 0016_batch_end.sql): under a backlog, up to ``BATCH_MAX``
+"""Tick batches (0015_tick_batches.sql to 0017_batch_start.sql): under a backlog, up to ``BATCH_MAX``
 one-transaction ticks of one principal, one owner and one procedure run in one transaction on one principal
 connection, ``BEGIN; SELECT … FROM radix.run_ticks(…); COMMIT;`` and the connection's clean, one simple query.
 
@@ -6,9 +6,11 @@ Invariants:
 - A batch forms only from a backlog: the queue deals due ticks to free slots first (engine/ticks.py), and a
   batch takes only due ticks left over, so a tick that could start alone never waits for company. The
   leftovers of a principal are dealt evenly among the batches its ticks lead (engine/runner.py).
-- Each tick runs in its own subtransaction of radix.run_ticks: its procedure commits with the batch, or
-  rolls back alone; the ticks that ran get their markers at the end of the same statement (radix.end_ticks,
-  one UPDATE and one INSERT for all), so a tick's procedure and its marker commit together or not at all.
+- The batch's ticks are started at once (radix.start_ticks: their locks and checks), then each tick runs in
+  its own subtransaction of radix.run_ticks, its frame (radix.current_*()) in the setting ``radix.tick``
+  with a MAC for this transaction: its procedure commits with the batch, or rolls back alone; the ticks
+  that ran get their markers at the end of the same statement (radix.end_ticks, one UPDATE and one INSERT
+  for all), so a tick's procedure and its marker commit together or not at all.
   run_ticks' row per tick says which step failed (PL/pgSQL variables, out of the procedures' reach); after
   the COMMIT a failed tick takes the lone tick's way for a failure (``_tick_outcome``: a lease of that tick,
   then its outcome recorded), on the same connection.
