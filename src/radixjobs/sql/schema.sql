@@ -6480,6 +6480,11 @@ GRANT EXECUTE ON FUNCTION radix.run_ticks(uuid[], bigint[], integer[], text[], t
 --
 -- A frame written for atomic ticks was never seen outside their transaction (inserted and deleted in it),
 -- so nothing else read it: the finder and the claim look for live frames of lease attempts only.
+--
+-- The ticks after a tick are now started before its CALL: its code that ends one of them with a MAC read
+-- from current_query() (begin_tick, end_tick) no longer ends it unrun. The later tick runs all the same,
+-- end_ticks finds its state changed (RXL01), and the batch rolls back: each tick then runs alone, as when
+-- an earlier tick is ended (tests/security/test_batches.py).
 
 CREATE FUNCTION radix._tick_frame_mac(frame text) RETURNS text
 LANGUAGE sql STABLE SECURITY DEFINER
