@@ -110,6 +110,9 @@ def test_a_tick_that_ends_the_ticks_after_it_in_its_batch_ends_none(app: App, ro
     tags = [e[1] for e in app.effects()]
     # every tick ran, once; none was ended unrun
     assert sorted(tags) == sorted(["lead", *(f"a{i}" for i in range(8)), *(f"b{i}" for i in range(8))])
+    started = _started_by_job(app)
+    assert len({started[f"a{i}"] for i in range(8)}) == 8  # the attacked batch rolled back: each ran alone
+    assert len({started[f"b{i}"] for i in range(8)}) == 1  # the other owner's batch, not attacked, committed
     # no batch held both owners' ticks
     rows = app.conn.execute("SELECT h.started_at, array_agg(DISTINCT j.owner_name) FROM "
                             "radix.radix_system_job_history h JOIN radix.jobs j USING (job_id) "

@@ -5,7 +5,7 @@ connection, ``BEGIN; SELECT … FROM radix.run_ticks(…); COMMIT;`` and the con
 Invariants:
 - A batch forms only from a backlog: the queue deals due ticks to free slots first (engine/ticks.py), and a
   batch takes only due ticks left over, so a tick that could start alone never waits for company. The
-  leftovers of a principal are dealt evenly among the batches its ticks lead (engine/runner.py).
+  leftovers of a principal are dealt evenly among the batches its ticks lead (_batch_with).
 - The batch's ticks are started at once (radix.start_ticks: their locks and checks), then each tick runs in
   its own subtransaction of radix.run_ticks, its frame (radix.current_*()) in the setting ``radix.tick``
   with a MAC for this transaction: its procedure commits with the batch, or rolls back alone; the ticks

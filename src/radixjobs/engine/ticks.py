@@ -28,7 +28,7 @@ from radixjobs.engine.attempt import attempt_mac
 from radixjobs.engine.principals import clean_statement
 
 # Ticks found per round trip: ahead of the free slots, so a backlog is not found one tick at a time, and
-# enough for every slot's batch (a principal's due ticks are dealt evenly among its slots: engine/runner.py).
+# enough for every slot's batch (a principal's due ticks are dealt evenly among its batches: engine/batches.py).
 FIND_BATCH = 256
 # Ticks due within this many milliseconds are found ahead and started at their due time.
 HORIZON_MS = 50
