@@ -299,6 +299,13 @@ def test_rename_keeps_the_job_and_its_history(app: App) -> None:
         catalog.execute_job_ddl(app.conn, "ALTER JOB app.new RENAME TO app.taken")
 
 
+def _asleep(app: App) -> bool:
+    """Is a backend of the principal inside pg_sleep?"""
+    row = app.conn.execute("SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE usename = %s "
+                           "AND wait_event = 'PgSleep')", (app.principal,)).fetchone()
+    return bool(row and row[0])
+
+
 def test_alter_during_an_atomic_attempt_fences_it_and_never_overlaps(app: App) -> None:
     """SET SCHEDULE while an attempt runs: the old attempt cannot commit (its lease is gone), and the next
     attempt does not start while the old backend still runs."""
@@ -310,7 +317,9 @@ def test_alter_during_an_atomic_attempt_fences_it_and_never_overlaps(app: App) -
     async def scenario() -> None:
         async with Engine(app.dsn, concurrency=2, lease_s=3) as engine:
             await engine.dispatch_due()
-            await asyncio.to_thread(wait_for, lambda: app.state(name)["status"] == "running")
+            # the procedure itself running (its backend asleep in it), not only claimed: an ALTER before the
+            # attempt began would refuse it at once, and it could end before the next dispatch
+            await asyncio.to_thread(wait_for, lambda: _asleep(app))
             catalog.execute_job_ddl(app.conn, "ALTER JOB app.sleeper SET SCHEDULE EVERY INTERVAL '2 hours'")
             catalog.run_job(app.conn, name)
             await engine.dispatch_due()  # the old backend still runs: nothing may start
