@@ -5,7 +5,7 @@ The daemon's tick query (engine/ticks.py: ``BEGIN; begin_tick; DO … CALL …; 
 sent ``--ticks`` times, one after another, on one connection logged in as the principal, and the CPU of that
 backend alone is read (no other backend, no client, no concurrency). Rounds alternate three variants:
 
-- ``radix``: the query as the daemon sends it, radix.begin_tick and radix.end_tick (radix.start_tick and
+- ``radix``: the query as the daemon sends it, radix.begin_tick and radix.end_tick (radix.start_ticks and
   radix.end_ticks for a batch) as installed (the tick lock, the checks, the MAC, the frame, the state
   advanced, the history row, the prune);
 - ``noop``: those functions replaced by functions that do nothing, in this scenario's own throwaway database

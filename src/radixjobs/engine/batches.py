@@ -111,11 +111,12 @@ class BatchExecution(Execution):
         an even share of them among the ``leads_left`` of that principal (this one included), up to
         ``tick_batch`` in all and to what fits the procedure's BATCH_BUDGET_MS (none when ``lead`` may not
         run in a batch or has no company)."""
-        share = -(-self._queue.due(lead.principal, now) // leads_left[lead.principal])  # rounded up
+        leads = leads_left[lead.principal]
         leads_left[lead.principal] -= 1
         job = self._definitions.get((lead.job_id, lead.definition_version))
         if job is None or not self._batchable(job):
             return []
+        share = -(-self._queue.due(lead.principal, now) // leads)  # rounded up
         limit = min(self.tick_batch, self._durations.batch_size(job.signature), share + 1) - 1
         key = batch_key(job)
         members = {lead.job_id: job}
