@@ -8,9 +8,13 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from psycopg import sql
 
 from radixjobs.engine import ticks
 from tests.apps import App, run_engine
+from tests.support import wait_for
+
+pytestmark = pytest.mark.versions
 
 MAYBE = """
 CREATE PROCEDURE app.maybe(tag text) LANGUAGE plpgsql AS $$
@@ -154,3 +158,29 @@ def test_a_batch_leaves_no_frame_whichever_of_its_ticks_fail(app: App, tags: lis
     engine = _run(app)
     assert engine.counters["batched_ticks"] == 2
     assert app.conn.execute("SELECT count(*) FROM radix.attempt_frames").fetchone() == (0,)
+
+
+def test_no_routine_on_the_ticks_path_is_planned_at_every_call(app: App) -> None:
+    """Before PostgreSQL 18 a SQL-language routine that is not inlined parses and plans its body at every
+    call (0019_plan_cache.sql). With track_functions on for the engine's sessions, a lone tick, a batch and
+    the finds around them call radix routines, none of them such a SQL-language one."""
+    app.conn.execute(sql.SQL("ALTER DATABASE {} SET track_functions = 'all'").format(
+        sql.Identifier(app.conn.info.dbname)))
+    _jobs(app, [f"t{i}" for i in range(4)])
+    engine = _run(app)
+    assert (engine.counters["successes"], engine.counters["batched_ticks"]) == (5, 4)
+    called = """
+        SELECT f.schemaname || '.' || f.funcname, l.lanname, p.proconfig IS NOT NULL
+        FROM pg_stat_user_functions f JOIN pg_proc p ON p.oid = f.funcid JOIN pg_language l ON l.oid = p.prolang
+        WHERE f.schemaname = 'radix'
+    """
+
+    def flushed() -> list[Any] | None:  # the engine's sessions have ended; their counts arrive soon after
+        app.conn.execute("SELECT pg_stat_clear_snapshot()")
+        rows = app.conn.execute(called).fetchall()
+        names = {r[0] for r in rows}
+        return rows if {"radix.find_ticks", "radix.start_tick", "radix.start_ticks", "radix.current_job_id",
+                        "radix._frame", "radix._prune_history"} <= names else None
+
+    rows = wait_for(flushed)
+    assert [name for name, language, settings in rows if language == "sql" and settings] == []

@@ -15,6 +15,7 @@ from radixjobs.embedded import bin_dir
 from radixjobs.errors import SchemaError
 
 
+@pytest.mark.versions
 def test_install_twice_changes_nothing(empty_db: str) -> None:
     with psycopg.connect(empty_db, autocommit=True) as conn:
         first = migrate.install(conn)
@@ -56,6 +57,7 @@ def _dump(dsn: str) -> str:
     return re.sub(r"\n{2,}", "\n", "\n".join(lines)).strip()
 
 
+@pytest.mark.versions
 def test_schema_sql_equals_all_migrations(pg: Any) -> None:
     names = [f"mig_{uuid.uuid4().hex[:8]}", f"mig_{uuid.uuid4().hex[:8]}"]
     dsns = []
@@ -74,3 +76,16 @@ def test_schema_sql_equals_all_migrations(pg: Any) -> None:
         with psycopg.connect(pg.dsn, autocommit=True) as admin:
             for name in names:
                 admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+@pytest.mark.versions
+def test_every_routine_with_settings_pins_jit_off(conn: psycopg.Connection[Any]) -> None:
+    """Radix's statements are never JIT-compiled (0018_jit_off.sql): a routine with a SET clause sets jit = off;
+    without one are only the inlinable SQL helpers and the runners of the jobs' own CALLs."""
+    rows = conn.execute(
+        "SELECT p.oid::regprocedure::text, l.lanname, p.proconfig FROM pg_proc p "
+        "JOIN pg_language l ON l.oid = p.prolang WHERE p.pronamespace = 'radix'::regnamespace").fetchall()
+    assert rows
+    assert [name for name, _, config in rows if config is not None and "jit=off" not in config] == []
+    unpinned = sorted(name.split("(")[0] for name, language, config in rows if config is None and language != "sql")
+    assert unpinned == ["radix.run_tick", "radix.run_ticks"]

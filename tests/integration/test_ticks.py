@@ -171,6 +171,40 @@ def test_the_finder_probes_the_jobs_it_finds_and_never_reads_them_all(app: App) 
     assert "Seq Scan on jobs" not in plan
 
 
+@pytest.mark.versions
+def test_the_schedulers_statements_are_never_jit_compiled(app: App) -> None:
+    """On a server built with LLVM (the distributions' packages), the finder's generic plan passed
+    jit_above_cost and each find was compiled afresh: about a second per find, every tick late
+    (0018_jit_off.sql). With every JIT threshold at 0 in the session, no statement of the scheduler's verbs
+    is compiled. The plans are read from auto_explain; a server without JIT cannot show the fault."""
+    if not app.conn.execute("SELECT pg_jit_available()").fetchone()[0]:  # type: ignore[index]
+        pytest.skip("this server was built without JIT (the distribution's PostgreSQL has it: .ci/run)")
+    for n in range(3):
+        name = app.job(f"CREATE JOB app.j{n} SCHEDULE EVERY INTERVAL '1 hour' RUN AS {{p}} CALL app.record('x')")
+        app.make_due(name)
+    plans: list[str] = []
+    with psycopg.connect(app.dsn, autocommit=True) as conn:
+        conn.add_notice_handler(lambda diag: plans.append(diag.message_primary or ""))
+        conn.execute("LOAD 'auto_explain'")
+        for setting in ("auto_explain.log_min_duration = 0", "auto_explain.log_nested_statements = on",
+                        "auto_explain.log_level = notice", "jit = on", "jit_above_cost = 0",
+                        "jit_inline_above_cost = 0", "jit_optimize_above_cost = 0"):
+            conn.execute(f"SET {setting}")
+        sent = ["SELECT radix.register_node('jit', 'localhost', 0)",
+                "SELECT * FROM radix.find_ticks('jit', 64, 0, '{}', '{}')",
+                "SELECT radix.next_due_in(4), radix.lease_work_due('jit')",
+                "SELECT * FROM radix.claim_due('jit', 4, true, 4, 60, true)"]
+        with conn.transaction(force_rollback=True):
+            conn.execute(sent[0])
+            found = conn.execute(sent[1]).fetchall()
+            for statement in sent[2:]:
+                conn.execute(statement)
+    assert len(found) == 3
+    nested = [plan for plan in plans if not any(f"Query Text: {s}" in plan for s in sent)]  # inside radix
+    assert nested
+    assert [plan for plan in nested if "JIT:" in plan] == []
+
+
 @pytest.mark.parametrize("limit", [1, 3])
 def test_a_tick_keeps_the_jobs_history_at_its_limit(app: App, limit: int) -> None:
     # end_tick writes the row, then prunes the oldest past the limit

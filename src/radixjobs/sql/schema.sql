@@ -6679,3 +6679,400 @@ BEGIN
     PERFORM pg_catalog.set_config('radix.tick', '', true);
     PERFORM radix.end_ticks(jobs, planned, attempts, macs, nexts, ran, node);
 END $$;
+
+-- ===== 0018_jit_off.sql =====
+-- 0018: radix's own routines never JIT-compile their statements.
+--
+-- PostgreSQL decides per statement to JIT-compile it when its estimated cost passes jit_above_cost
+-- (100,000 by default; inlining and optimisation past 500,000), wherever the server was built with LLVM
+-- (the distributions' packages are; the embedded 18 is not). The finder's generic plan (radix.find_ticks,
+-- plan_cache_mode = force_generic_plan) estimates its deal at over a million rows, so on such a server
+-- each find was compiled afresh: about a second of the server's CPU per find for a statement that runs in
+-- well under a millisecond, and every tick of the node waited behind it (hundreds of milliseconds late on
+-- the distribution's PostgreSQL 15, half the ticks of a 1,000-job second missed). Radix's statements are
+-- short and their costs are estimates of generic plans: compiling them never pays.
+--
+-- Every radix routine that has settings of its own (a SET clause: never inlined anyway) now also sets
+-- jit = off, which holds while its statements are planned and run, whatever the server's or the session's
+-- setting (a principal's ALTER ROLE … SET jit_above_cost = 0 included). The routines without a SET clause
+-- are left as they are: the inlinable SQL helpers (a SET clause would stop their inlining), and
+-- radix.run_tick / radix.run_ticks, which run the jobs' own CALLs under the principal's own settings.
+-- A routine created or replaced later carries SET jit = off in its definition;
+-- tests/integration/test_migrate.py checks that every routine with settings has it.
+DO $$
+DECLARE
+    routine regprocedure;
+BEGIN
+    FOR routine IN
+        SELECT p.oid FROM pg_catalog.pg_proc p
+        WHERE p.pronamespace OPERATOR(pg_catalog.=) 'radix'::pg_catalog.regnamespace AND p.proconfig IS NOT NULL
+        ORDER BY p.oid
+    LOOP
+        EXECUTE pg_catalog.format('ALTER FUNCTION %s SET jit = off', routine);
+    END LOOP;
+END $$;
+
+-- ===== 0019_plan_cache.sql =====
+-- 0019: the routines a find, a claim and a tick call are PL/pgSQL, so a session plans their statements
+-- once on every supported PostgreSQL.
+--
+-- Before PostgreSQL 18, a SQL-language function that is not inlined (these all have a SET clause, which
+-- forbids inlining) parses and plans its body again at every call; PostgreSQL 18 keeps those plans as it
+-- keeps PL/pgSQL's. Measured on the distribution's PostgreSQL 15 beside the embedded 18, same machine:
+-- radix._principal_load 0.86 against 0.13 ms a call, radix._running_elsewhere 0.81 against 0.25,
+-- radix.lease_work_due 0.58 against 0.15: a find cost 2.8 ms of the server against 1.0, on the path of
+-- every tick. PL/pgSQL keeps each statement's plan for the session (generic or custom as the plan cache
+-- decides), on 14 as on 18. The bodies, volatility, security and grants are unchanged; each still pins
+-- search_path and jit (0018_jit_off.sql).
+--
+-- Converted: the finder's helpers (_principal_load, _running_elsewhere, _claim_shares, lease_work_due,
+-- node_alive, job_has_live_frame), a tick's (_prune_history, _tick_token, _session_key, _attempt_mac,
+-- _tick_frame_mac, may_act_as), what a job's code calls (current_job_id, current_job_attempt,
+-- current_job_scheduled_at, current_idempotency_key), a principal session's start (attempt_session) and
+-- an engine's end (release_claims). tests/integration/test_batches.py runs a lone tick
+-- and a batch with track_functions on and checks that no SQL-language routine with settings is called.
+
+CREATE OR REPLACE FUNCTION radix._principal_load()
+RETURNS TABLE (principal oid, first_due_ns bigint, running integer)
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+SET jit = off
+AS $$
+BEGIN
+    RETURN QUERY
+    WITH RECURSIVE keys(p) AS (
+        (SELECT s.principal_oid FROM radix.radix_system_job_state s
+         WHERE s.status IN ('scheduled', 'running', 'retry_wait')
+         ORDER BY s.principal_oid LIMIT 1)
+        UNION ALL
+        SELECT (SELECT s.principal_oid FROM radix.radix_system_job_state s
+                WHERE s.status IN ('scheduled', 'running', 'retry_wait') AND s.principal_oid > k.p
+                ORDER BY s.principal_oid LIMIT 1)
+        FROM keys k WHERE k.p IS NOT NULL
+    ), busy AS (
+        SELECT s.principal_oid AS p, count(*)::integer AS n
+        FROM radix.radix_system_job_state s WHERE s.status = 'running' GROUP BY s.principal_oid
+    )
+    SELECT k.p,
+           (SELECT s.due_ns FROM radix.radix_system_job_state s
+            WHERE s.status IN ('scheduled', 'running', 'retry_wait') AND s.principal_oid = k.p
+            ORDER BY s.due_ns LIMIT 1),
+           coalesce(b.n, 0)
+    FROM keys k LEFT JOIN busy b ON b.p = k.p
+    WHERE k.p IS NOT NULL;
+END $$;
+
+CREATE OR REPLACE FUNCTION radix._running_elsewhere(node text, mine integer[])
+RETURNS TABLE (principal oid, running integer)
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+SET jit = off
+AS $$
+BEGIN
+    RETURN QUERY
+    SELECT x.p, sum(x.n)::integer FROM (
+        SELECT s.principal_oid AS p, count(*) AS n
+        FROM radix.radix_system_job_state s WHERE s.status = 'running' AND s.lease_node <> node
+        GROUP BY s.principal_oid
+        UNION ALL
+        SELECT a.usesysid, count(*)
+        FROM pg_stat_get_activity(NULL) a
+        WHERE a.datid = (SELECT d.oid FROM pg_database d WHERE d.datname = current_database())
+          AND a.application_name = 'radixjobs-attempt' AND a.state IN ('active', 'idle in transaction')
+          AND a.pid <> ALL (coalesce(mine, '{}'))
+          AND NOT EXISTS (SELECT 1 FROM radix.attempt_frames f WHERE f.pid = a.pid)
+        GROUP BY a.usesysid) x
+    GROUP BY x.p;
+END $$;
+
+CREATE OR REPLACE FUNCTION radix._claim_shares(principals oid[], running integer[], first_due bigint[],
+                                               budget integer, cap integer)
+RETURNS TABLE (principal oid, share integer)
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+SET jit = off
+AS $$
+BEGIN
+    RETURN QUERY
+    SELECT x.p, count(*)::integer
+    FROM (SELECT u.p
+          FROM unnest(principals, _claim_shares.running, first_due) AS u(p, n, due)
+          CROSS JOIN LATERAL generate_series(1, least(budget, coalesce(cap - u.n, budget))) AS g(i)
+          ORDER BY u.n + g.i, u.due, u.p
+          LIMIT greatest(budget, 0)) x
+    GROUP BY x.p;
+END $$;
+
+CREATE OR REPLACE FUNCTION radix.node_alive(node text) RETURNS boolean
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+SET jit = off
+AS $$
+BEGIN
+    RETURN EXISTS (SELECT 1 FROM radix.nodes n
+                   WHERE n.node_id = node_alive.node AND EXISTS (
+                       SELECT 1 FROM pg_stat_get_activity(n.backend_pid) a WHERE a.backend_start = n.backend_start));
+END $$;
+
+CREATE OR REPLACE FUNCTION radix.lease_work_due(node text) RETURNS boolean
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+SET jit = off
+AS $$
+BEGIN
+    RETURN coalesce((SELECT min(s.due_ns) FROM radix.radix_system_job_state s
+                     WHERE s.status IN ('scheduled', 'running', 'retry_wait')
+                       AND (s.via_lease OR s.request_kind IS NOT NULL OR s.status = 'running'))
+                    <= radix.to_ns(clock_timestamp()), false)
+        OR EXISTS (SELECT 1 FROM radix.radix_system_job_state s
+                   WHERE s.status = 'running' AND s.lease_node <> node AND NOT radix.node_alive(s.lease_node));
+END $$;
+
+CREATE OR REPLACE FUNCTION radix.job_has_live_frame(job uuid) RETURNS boolean
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+SET jit = off
+AS $$
+BEGIN
+    RETURN EXISTS (SELECT 1 FROM radix.attempt_frames f
+                   WHERE f.job_id = job_has_live_frame.job AND EXISTS (
+                       SELECT 1 FROM pg_stat_get_activity(f.pid) a WHERE a.backend_start = f.backend_start));
+END $$;
+
+CREATE OR REPLACE FUNCTION radix._prune_history(job uuid) RETURNS void
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+SET jit = off
+AS $$
+BEGIN
+    DELETE FROM radix.radix_system_job_history h
+    WHERE h.job_id = _prune_history.job AND h.history_id <= (
+        SELECT o.history_id FROM radix.radix_system_job_history o WHERE o.job_id = _prune_history.job
+        ORDER BY o.history_id DESC
+        OFFSET (SELECT j.history_limit FROM radix.jobs j WHERE j.job_id = _prune_history.job) LIMIT 1);
+END $$;
+
+CREATE OR REPLACE FUNCTION radix._tick_token(job uuid, planned_ns bigint, attempt integer,
+                                             updated_at timestamptz) RETURNS uuid
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+SET jit = off
+AS $$
+BEGIN
+    RETURN (SELECT encode(substring(sha256(k.secret || uuid_send(_tick_token.job) || int8send(_tick_token.planned_ns)
+                                           || int4send(_tick_token.attempt) || timestamptz_send(_tick_token.updated_at))
+                                    FROM 1 FOR 16), 'hex')::uuid
+            FROM radix.attempt_secret k);
+END $$;
+
+CREATE OR REPLACE FUNCTION radix._session_key() RETURNS bytea
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+SET jit = off
+AS $$
+BEGIN
+    RETURN (SELECT sha256(k.secret || int4send(pg_backend_pid()) || timestamptz_send(a.backend_start))
+            FROM radix.attempt_secret k, pg_stat_get_activity(pg_backend_pid()) a);
+END $$;
+
+CREATE OR REPLACE FUNCTION radix._attempt_mac(token uuid) RETURNS text
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+SET jit = off
+AS $$
+BEGIN
+    RETURN encode(sha256(radix._session_key() || uuid_send(token)), 'hex');
+END $$;
+
+CREATE OR REPLACE FUNCTION radix._tick_frame_mac(frame text) RETURNS text
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET jit = off
+AS $$
+BEGIN
+    RETURN (SELECT encode(sha256(k.secret || sha256(k.secret || convert_to('radix.tick/' || _tick_frame_mac.frame,
+                                                                           'UTF8'))), 'hex')
+            FROM radix.attempt_secret k);
+END $$;
+
+CREATE OR REPLACE FUNCTION radix.may_act_as(actor oid, target oid) RETURNS boolean
+LANGUAGE plpgsql STABLE STRICT
+SET search_path = pg_catalog, pg_temp
+SET jit = off
+AS $$
+BEGIN
+    RETURN (SELECT CASE WHEN a.rolsuper THEN true
+                        WHEN t.rolsuper THEN false
+                        WHEN may_act_as.actor = may_act_as.target THEN true
+                        WHEN current_setting('server_version_num')::integer >= 160000
+                            THEN pg_has_role(may_act_as.actor, may_act_as.target, 'SET')
+                        ELSE pg_has_role(may_act_as.actor, may_act_as.target, 'MEMBER') END
+            FROM pg_roles a, pg_roles t WHERE a.oid = may_act_as.actor AND t.oid = may_act_as.target);
+END $$;
+
+CREATE OR REPLACE FUNCTION radix.current_job_id() RETURNS uuid
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET jit = off
+AS $$
+BEGIN
+    RETURN (radix._frame()).job_id;
+END $$;
+
+CREATE OR REPLACE FUNCTION radix.current_job_attempt() RETURNS integer
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET jit = off
+AS $$
+BEGIN
+    RETURN (radix._frame()).attempt;
+END $$;
+
+CREATE OR REPLACE FUNCTION radix.current_job_scheduled_at() RETURNS timestamptz
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET jit = off
+AS $$
+BEGIN
+    RETURN radix.from_ns((radix._frame()).planned_ns);
+END $$;
+
+CREATE OR REPLACE FUNCTION radix.current_idempotency_key() RETURNS text
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET jit = off
+AS $$
+BEGIN
+    RETURN (radix._frame()).idempotency_key;
+END $$;
+
+CREATE OR REPLACE FUNCTION radix.attempt_session() RETURNS text
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET jit = off
+AS $$
+BEGIN
+    RETURN encode(radix._session_key(), 'hex');
+END $$;
+
+CREATE OR REPLACE FUNCTION radix.release_claims(node text) RETURNS integer
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+SET jit = off
+AS $$
+DECLARE
+    n integer;
+BEGIN
+    WITH released AS (
+        UPDATE radix.radix_system_job_state s SET status = CASE WHEN s.attempt > 1 THEN 'retry_wait'
+                                                               ELSE 'scheduled' END,
+            attempt = s.attempt - 1, due_ns = radix.to_ns(clock_timestamp()),
+            lease_node = NULL, lease_token = NULL, lease_expires_at = NULL, updated_at = clock_timestamp()
+        WHERE s.lease_node = release_claims.node AND s.status = 'running' AND NOT radix.job_has_live_frame(s.job_id)
+        RETURNING s.job_id, s.planned_ns, s.attempt + 1 AS attempt
+    ), closed AS (
+        UPDATE radix.radix_system_job_history h SET status = 'released', finished_at = clock_timestamp()
+        FROM released r WHERE h.job_id = r.job_id AND h.planned_ns = r.planned_ns
+          AND h.attempt = r.attempt AND h.status = 'running'
+        RETURNING 1
+    )
+    SELECT count(*)::integer INTO n FROM released;
+    RETURN n;
+END $$;
+
+-- ===== 0020_finder_clock.sql =====
+-- 0020: radix.find_ticks says how long until each tick is due as of the end of the find, not its start.
+--
+-- The engine starts a found tick at the monotonic time the find's answer came back plus `due_in_ms`
+-- (engine/ticks.py, Tick.from_row). Measured from the find's start, `due_in_ms` left out the find's own
+-- time and its way back, and every tick found ahead started that much late: 2 to 4 ms on the
+-- distribution's PostgreSQL 15 (a find of 1.3 ms, then the pipelined radix.next_due_in), more under load.
+-- Measured at the end, it is late only by the answer's way back, and never early: radix.start_tick refuses
+-- a tick that arrives before it is due. The rest of the function is 0014's.
+
+CREATE OR REPLACE FUNCTION radix.find_ticks(node text, max_ticks integer, horizon_ms integer, skip uuid[], mine integer[])
+RETURNS TABLE (job_id uuid, definition_version bigint, planned_ns bigint, attempt integer, coalesced bigint,
+               anchor_ns bigint, due_in_ms float8, token uuid, principal oid, elsewhere integer)
+LANGUAGE plpgsql VOLATILE ROWS 64
+SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan
+SET jit = off
+AS $$
+DECLARE
+    now_ns bigint := radix.to_ns(clock_timestamp());
+    until_ns bigint := now_ns + greatest(coalesce(horizon_ms, 0), 0)::bigint * 1000000;
+    ps oid[];
+    runs integer[];
+    dues bigint[];
+BEGIN
+    -- a request queued while a tick held its job (radix._promote_request left it) is installed now
+    IF EXISTS (SELECT 1 FROM radix.job_requests) THEN
+        PERFORM radix._promote_request(q.job_id)
+        FROM (SELECT DISTINCT r.job_id FROM radix.job_requests r) q
+        JOIN radix.radix_system_job_state s ON s.job_id = q.job_id
+        WHERE s.request_kind IS NULL AND s.status NOT IN ('running', 'retry_wait');
+    END IF;
+    IF coalesce(max_ticks, 0) <= 0
+       OR NOT coalesce((SELECT min(s.due_ns) FROM radix.radix_system_job_state s
+                        WHERE s.status IN ('scheduled', 'running', 'retry_wait')) <= until_ns, false) THEN
+        RETURN;
+    END IF;
+    SELECT coalesce(array_agg(l.principal), '{}'), coalesce(array_agg(coalesce(e.running, 0)), '{}'),
+           coalesce(array_agg(l.first_due_ns), '{}')
+    INTO ps, runs, dues
+    FROM radix._principal_load() l
+    LEFT JOIN radix._running_elsewhere(node, mine) e ON e.principal = l.principal
+    WHERE l.first_due_ns <= until_ns;
+    IF cardinality(ps) = 0 THEN
+        RETURN;
+    END IF;
+    RETURN QUERY
+    WITH shares AS (
+        SELECT sh.principal AS p, sh.share AS n FROM radix._claim_shares(ps, runs, dues, max_ticks, NULL) sh
+        WHERE cardinality(ps) > 1
+        UNION ALL
+        SELECT ps[1], max_ticks WHERE cardinality(ps) = 1
+    ), found AS (
+        SELECT c.* FROM shares q
+        CROSS JOIN LATERAL (
+            SELECT s.job_id, s.definition_version, s.planned_ns, s.attempt, s.due_ns, s.status, s.anchor_ns,
+                   s.updated_at, s.principal_oid
+            FROM radix.radix_system_job_state s
+            JOIN radix.tick_locks t ON t.job_id = s.job_id
+            WHERE s.principal_oid = q.p
+              AND s.status IN ('scheduled', 'retry_wait') AND s.due_ns <= until_ns
+              AND s.planned_ns IS NOT NULL AND NOT s.via_lease AND s.request_kind IS NULL
+              AND s.job_id <> ALL (coalesce(skip, '{}'))
+              AND (s.fence_token IS NULL OR NOT radix.node_alive(s.fence_node))
+              -- radix.job_has_live_frame(s.job_id), inlined as claim_due does (a call per candidate row)
+              AND NOT EXISTS (
+                  SELECT 1 FROM radix.attempt_frames f
+                  WHERE f.job_id = s.job_id AND EXISTS (
+                      SELECT 1 FROM pg_stat_get_activity(f.pid) a WHERE a.backend_start = f.backend_start))
+            ORDER BY s.due_ns
+            LIMIT q.n
+            FOR UPDATE OF t SKIP LOCKED) c
+    ), decided AS (
+        SELECT f.*, j.interval_ns, j.schedule_kind,
+               CASE WHEN f.status = 'scheduled' AND j.schedule_kind = 'every' AND f.planned_ns <= now_ns
+                    THEN f.planned_ns + greatest(
+                             (now_ns - f.planned_ns) / j.interval_ns
+                             - CASE WHEN j.coalesce_ticks THEN 0 ELSE radix.max_missed_ticks() - 1 END,
+                             0) * j.interval_ns
+                    ELSE f.planned_ns END AS run_ns
+        -- one probe of the jobs' primary key per tick found (see the header)
+        FROM found f CROSS JOIN LATERAL (
+            SELECT jj.interval_ns, jj.schedule_kind, jj.coalesce_ticks FROM radix.jobs jj
+            WHERE jj.job_id = f.job_id LIMIT 1) j
+    )
+    SELECT d.job_id, d.definition_version, d.run_ns, d.attempt + 1,
+           CASE WHEN d.schedule_kind = 'every' THEN (d.run_ns - d.planned_ns) / d.interval_ns ELSE 0 END,
+           d.anchor_ns, (greatest(d.due_ns - radix.to_ns(clock_timestamp()), 0) / 1e6)::float8,
+           -- radix._tick_token(d.job_id, d.run_ns, d.attempt, d.updated_at), inlined (see the header)
+           encode(substring(sha256(k.secret || uuid_send(d.job_id) || int8send(d.run_ns) || int4send(d.attempt)
+                                   || timestamptz_send(d.updated_at)) FROM 1 FOR 16), 'hex')::uuid,
+           d.principal_oid,
+           coalesce(runs[array_position(ps, d.principal_oid)], 0)
+    FROM decided d CROSS JOIN radix.attempt_secret k
+    ORDER BY d.due_ns;
+END $$;
