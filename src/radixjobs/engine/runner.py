@@ -49,7 +49,16 @@ from radixjobs.engine.nodes import register_node
 from radixjobs.engine.planning import CRON_DUE, plan_cron
 from radixjobs.engine.principals import PrincipalPools
 from radixjobs.engine.slots import Slots
-from radixjobs.engine.ticks import FIND_BATCH, FIND_TICKS, HORIZON_MS, Durations, Tick, TickQueue, node_hex
+from radixjobs.engine.ticks import (
+    FIND_AHEAD_S,
+    FIND_BATCH,
+    FIND_TICKS,
+    HORIZON_MS,
+    Durations,
+    Tick,
+    TickQueue,
+    node_hex,
+)
 from radixjobs.fairness import principal_cap
 
 if TYPE_CHECKING:
@@ -218,15 +227,18 @@ class Engine(BatchExecution):
         self._due = None if row is None or row[0] is None else (max(0.0, float(row[0])), time.monotonic())
 
     def due_in(self) -> float | None:
-        """Seconds until the earliest due tick as of the last find or claim (or next_due_in), without a
-        query; while ticks are queued, until the first of them may start (None: all wait for a cap)."""
+        """Seconds until the next dispatch should run, without a query: while ticks are queued, until the
+        first of them may start (None: all wait for a cap); else until FIND_AHEAD_S before the earliest
+        due tick as of the last find or claim (or next_due_in), so that the find comes before it, and
+        once within that, until it is due."""
         now = time.monotonic()
         if len(self._queue):
             return self._queue.next_due_in(self._ticking_by, self.max_per_principal, now)
         if self._due is None:
             return None
         seconds, measured = self._due
-        return max(0.0, seconds - (now - measured))
+        left = max(0.0, seconds - (now - measured))
+        return left - FIND_AHEAD_S if left > FIND_AHEAD_S else left
 
     @property
     def has_free_slot(self) -> bool:
@@ -248,6 +260,8 @@ class Engine(BatchExecution):
         started = self._start_ticks()
         if self._free_slots() > 0 and (self._find_now or not len(self._queue) or self._queue.stale(
                 time.monotonic(), self._ticking_by, self.max_per_principal)):
+            if started:
+                await asyncio.sleep(0)  # the ticks just started send their queries before the find's
             await self._find_ticks()
             started += self._start_ticks()
         if self._lease_due and self._free_slots() > 0:
@@ -299,8 +313,9 @@ class Engine(BatchExecution):
                 cur = await conn.execute(FIND_TICKS, (self.node_id, FIND_BATCH, HORIZON_MS, list(self._ticking),
                                                       self._principals.backend_pids()))
                 after_cur = await conn.execute(AFTER_FIND, (self.max_per_principal, self.node_id))
-            now = time.monotonic()
-            ticks = [Tick.from_row(row, now) for row in await cur.fetchall()]
+                rows = await cur.fetchall()  # as soon as the find's answer is in, before the second's
+                now = time.monotonic()
+            ticks = [Tick.from_row(row, now) for row in rows]
             after = await after_cur.fetchone()
             missing = {t.job_id for t in ticks if self._definitions.get((t.job_id, t.definition_version)) is None}
             if missing:

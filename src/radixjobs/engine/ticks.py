@@ -32,6 +32,9 @@ from radixjobs.engine.principals import clean_statement
 FIND_BATCH = 256
 # Ticks due within this many milliseconds are found ahead and started at their due time.
 HORIZON_MS = 50
+# With nothing queued, a node wakes this long before the next due tick to find it (within HORIZON_MS, so
+# it is found): the tick then starts at its due time, the find's round trip spent before it, not after.
+FIND_AHEAD_S = 0.02
 # Found ticks older than this are found again (their order among principals may have changed).
 QUEUE_TTL_S = 0.5
 # A due tick held back only by its principal's attempts on other nodes is looked at again this soon: those
