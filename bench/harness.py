@@ -74,6 +74,16 @@ class BenchDatabase:
             row = conn.execute(query.encode(), params).fetchone()
         return None if row is None else row[0]
 
+    def server_version(self) -> str:
+        return str(self.scalar("SELECT pg_catalog.current_setting('server_version')"))
+
+    def postmaster_pid(self) -> int | None:
+        """The server's postmaster on this machine (its postmaster.pid, read as the superuser), whose
+        processes CpuMeter counts; None when it runs elsewhere."""
+        first = self.scalar("SELECT pg_catalog.split_part(pg_catalog.pg_read_file('postmaster.pid'), E'\\n', 1)")
+        pid = int(first) if first and first.isdigit() else None
+        return pid if pid is not None and psutil.pid_exists(pid) else None
+
 
 def with_dbname(dsn: str, dbname: str) -> str:
     params = conninfo_to_dict(dsn)
@@ -91,14 +101,16 @@ def parse_settings(pairs: list[str]) -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def bench_database(scenario: str, dsn: str | None, settings: dict[str, str]) -> Iterator[BenchDatabase]:
-    """A fresh database with the radix schema and the bench app; an embedded server in a temporary home
-    unless ``dsn`` (a superuser DSN) is given. Everything made here is removed afterwards."""
+def bench_database(scenario: str, dsn: str | None, settings: dict[str, str],
+                   binaries: Path | None = None) -> Iterator[BenchDatabase]:
+    """A fresh database with the radix schema and the bench app; an embedded server (from ``binaries``,
+    else the wheel's) in a temporary home unless ``dsn`` (a superuser DSN) is given. Everything made here
+    is removed afterwards."""
     server: EmbeddedServer | None = None
     home: Path | None = None
     if dsn is None:
         home = Path(tempfile.mkdtemp(prefix=f"radix-bench-{scenario}-"))
-        server = EmbeddedServer(home / "home", settings)
+        server = EmbeddedServer(home / "home", settings, binaries=binaries)
         info, _ = server.ensure_running(persistent=True)
         dsn = info.dsn()
     suffix = uuid.uuid4().hex[:8]
@@ -215,14 +227,17 @@ class CpuMeter:
 
     def __init__(self, db: BenchDatabase, daemon_pid: int | None = None):
         self.daemon = psutil.Process(daemon_pid) if daemon_pid else None
-        self.pidfile = db.home / "home" / "pgdata" / "postmaster.pid" if db.home else None
+        self.postmaster = db.postmaster_pid()
         self.start = self.read()
         self.end: dict[str, float] | None = None
 
     def _server_cpu(self) -> float:
-        if self.pidfile is None or not self.pidfile.exists():
+        if self.postmaster is None:
             return 0.0
-        postmaster = psutil.Process(int(self.pidfile.read_text().split()[0]))
+        try:
+            postmaster = psutil.Process(self.postmaster)
+        except psutil.Error:
+            return 0.0
         total = 0.0
         for process in [postmaster, *postmaster.children()]:
             with contextlib.suppress(psutil.Error):
@@ -253,19 +268,19 @@ def percentile(values: list[float], fraction: float) -> float:
     return ordered[max(0, math.ceil(fraction * len(ordered)) - 1)]
 
 
-def environment() -> dict[str, Any]:
-    """When and on what a figure was measured."""
+def environment(server_version: str | None = None) -> dict[str, Any]:
+    """When and on what a figure was measured (``server_version``: the PostgreSQL measured against)."""
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                             cwd=Path(__file__).parent, check=False).stdout.strip()
     return {"date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "commit": commit or None,
-            "cpus": os.cpu_count(), "load_avg_1m": round(os.getloadavg()[0], 2)}
+            "server_version": server_version, "cpus": os.cpu_count(), "load_avg_1m": round(os.getloadavg()[0], 2)}
 
 
 def emit(scenario: str, result: dict[str, Any], as_json: bool,
-         render: Callable[[dict[str, Any]], str] | None = None) -> None:
+         render: Callable[[dict[str, Any]], str] | None = None, server_version: str | None = None) -> None:
     """One JSON object, or the scenario's own table (``render``), or a two-column table of the flattened
     result."""
-    document = {"scenario": scenario, **result, "environment": environment()}
+    document = {"scenario": scenario, **result, "environment": environment(server_version)}
     if as_json:
         print(json.dumps(document, default=str))
         return

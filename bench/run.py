@@ -2,7 +2,7 @@
 
 Scenarios: baseline, throughput, floor, tickcost, lateness, scale, failover, clusters, compare, profile (see
 docs/benchmarks.md). Each creates its own embedded server in a temporary directory (or uses ``--dsn``, a superuser
-DSN) and its own database.
+DSN, or ``--pg-bin``: an embedded server from another PostgreSQL's binaries) and its own database.
 """
 
 from __future__ import annotations
@@ -30,6 +30,9 @@ def parser() -> argparse.ArgumentParser:
         sub.add_argument("--dsn", default=None, help="superuser DSN of a server to use instead of an embedded one")
         sub.add_argument("--setting", action="append", default=[], metavar="NAME=VALUE",
                          help="a setting of the embedded server (repeatable), e.g. synchronous_commit=off")
+        sub.add_argument("--pg-bin", type=Path, default=None, metavar="DIR",
+                         help="run the embedded server from these PostgreSQL binaries (another major: "
+                              "scripts/postgres_versions.py bin MAJOR)")
         module.add_arguments(sub)
     return top
 
@@ -38,9 +41,10 @@ def main() -> None:
     args = parser().parse_args()
     module = importlib.import_module(f"scenarios.{args.scenario}")
     settings = {**(getattr(module, "SETTINGS", {}) if args.dsn is None else {}), **parse_settings(args.setting)}
-    with bench_database(args.scenario, args.dsn, settings) as db:
+    with bench_database(args.scenario, args.dsn, settings, args.pg_bin) as db:
         result = module.run(db, args)
-    emit(args.scenario, result, args.json, getattr(module, "render", None))
+        server_version = db.server_version()
+    emit(args.scenario, result, args.json, getattr(module, "render", None), server_version)
 
 
 if __name__ == "__main__":
