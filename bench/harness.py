@@ -80,9 +80,12 @@ class BenchDatabase:
     def postmaster_pid(self) -> int | None:
         """The server's postmaster on this machine (its postmaster.pid, read as the superuser), whose
         processes CpuMeter counts; None when it runs elsewhere."""
-        first = self.scalar("SELECT pg_catalog.split_part(pg_catalog.pg_read_file('postmaster.pid'), E'\\n', 1)")
-        pid = int(first) if first and first.isdigit() else None
-        return pid if pid is not None and psutil.pid_exists(pid) else None
+        try:
+            first = self.scalar("SELECT pg_catalog.split_part(pg_catalog.pg_read_file('postmaster.pid'), E'\\n', 1)")
+            process = psutil.Process(int(first))
+            return process.pid if process.name() in ("postgres", "postmaster") else None
+        except (psycopg.Error, ValueError, TypeError, psutil.Error):
+            return None
 
 
 def with_dbname(dsn: str, dbname: str) -> str:

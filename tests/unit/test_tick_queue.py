@@ -6,7 +6,18 @@ from __future__ import annotations
 
 import uuid
 
-from radixjobs.engine.ticks import BATCH_BUDGET_MS, BATCH_TICK_MS, Durations, Tick, TickQueue
+import pytest
+
+from radixjobs.engine.ticks import (
+    BATCH_BUDGET_MS,
+    BATCH_TICK_MS,
+    FIND_AHEAD_S,
+    HORIZON_MS,
+    Durations,
+    Tick,
+    TickQueue,
+    wake_in,
+)
 
 
 def _tick(principal: int, due_at: float, n: int) -> Tick:
@@ -64,3 +75,13 @@ def test_durations_say_short_only_for_a_known_procedure_under_the_limit() -> Non
     durations.note("c()", 1.0)  # the least recently noted is forgotten
     assert not durations.short("a()")
     assert durations.short("c()")
+
+
+@pytest.mark.parametrize(("due_in", "sleep"), [(1.0, 1.0 - FIND_AHEAD_S), (FIND_AHEAD_S + 0.005, 0.005),
+                                               (FIND_AHEAD_S, FIND_AHEAD_S), (0.005, 0.005), (0.0, 0.0)])
+def test_a_node_wakes_to_find_the_next_tick_ahead_once_then_at_its_time(due_in: float, sleep: float) -> None:
+    """Before a tick due in more than FIND_AHEAD_S the node wakes that much early, and a find then sees it
+    (FIND_AHEAD_S is inside the finder's horizon); within it, it sleeps until the tick is due, and a tick due
+    now means no sleep: the early wake happens once, never as a loop of sleeps of 0."""
+    assert FIND_AHEAD_S * 1000 < HORIZON_MS
+    assert wake_in(due_in) == pytest.approx(sleep)

@@ -189,6 +189,7 @@ class Execution:
                             claim: Claim, next_planned: int | None, outcome: Outcome,
                             published: list[Claim], started: datetime.datetime) -> str | None:
         if outcome.elsewhere:  # begin_tick refused it: nothing ran, nothing to record
+            self.counters["ticks_refused"] += 1
             log.debug("tick run elsewhere job=%s tick=%s node=%s: %s", job.name, tick.planned_ns, self.node_id,
                       outcome.message)
             return None

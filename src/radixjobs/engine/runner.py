@@ -49,16 +49,7 @@ from radixjobs.engine.nodes import register_node
 from radixjobs.engine.planning import CRON_DUE, plan_cron
 from radixjobs.engine.principals import PrincipalPools
 from radixjobs.engine.slots import Slots
-from radixjobs.engine.ticks import (
-    FIND_AHEAD_S,
-    FIND_BATCH,
-    FIND_TICKS,
-    HORIZON_MS,
-    Durations,
-    Tick,
-    TickQueue,
-    node_hex,
-)
+from radixjobs.engine.ticks import FIND_BATCH, FIND_TICKS, HORIZON_MS, Durations, Tick, TickQueue, node_hex, wake_in
 from radixjobs.fairness import principal_cap
 
 if TYPE_CHECKING:
@@ -81,8 +72,8 @@ NEXT_DUE = "SELECT " + NEXT_DUE_IN
 AFTER_FIND = "SELECT " + NEXT_DUE_IN + ", radix.lease_work_due(%s::pg_catalog.text) OR " + CRON_DUE
 
 # The fixed set of counters an engine reports (status and metrics never grow with jobs or errors).
-COUNTER_KEYS = ("claims", "batched_ticks", "successes", "retries", "coalesced_ticks", "lease_recoveries", "leases_lost",
-                "terminations", *(f"failures_{c}" for c in retry.Category))
+COUNTER_KEYS = ("claims", "batched_ticks", "successes", "retries", "coalesced_ticks", "ticks_refused",
+                "lease_recoveries", "leases_lost", "terminations", *(f"failures_{c}" for c in retry.Category))
 
 
 
@@ -237,8 +228,7 @@ class Engine(BatchExecution):
         if self._due is None:
             return None
         seconds, measured = self._due
-        left = max(0.0, seconds - (now - measured))
-        return left - FIND_AHEAD_S if left > FIND_AHEAD_S else left
+        return wake_in(max(0.0, seconds - (now - measured)))
 
     @property
     def has_free_slot(self) -> bool:
@@ -313,9 +303,8 @@ class Engine(BatchExecution):
                 cur = await conn.execute(FIND_TICKS, (self.node_id, FIND_BATCH, HORIZON_MS, list(self._ticking),
                                                       self._principals.backend_pids()))
                 after_cur = await conn.execute(AFTER_FIND, (self.max_per_principal, self.node_id))
-                rows = await cur.fetchall()  # as soon as the find's answer is in, before the second's
-                now = time.monotonic()
-            ticks = [Tick.from_row(row, now) for row in rows]
+            now = time.monotonic()
+            ticks = [Tick.from_row(row, now) for row in await cur.fetchall()]
             after = await after_cur.fetchone()
             missing = {t.job_id for t in ticks if self._definitions.get((t.job_id, t.definition_version)) is None}
             if missing:

@@ -190,6 +190,12 @@ class TickQueue:
         return max(0.0, min(dues) - now) if dues else None
 
 
+def wake_in(due_in: float) -> float:
+    """Seconds to sleep, with nothing queued, when the next tick is due in ``due_in`` seconds: until
+    FIND_AHEAD_S before it, to find it then; once within that, until it is due (never a busy loop)."""
+    return due_in - FIND_AHEAD_S if due_in > FIND_AHEAD_S else max(due_in, 0.0)
+
+
 def node_hex(node_id: str) -> str:
     return node_id.encode("utf-8").hex()
 

@@ -56,7 +56,9 @@ class DaemonCollector(Collector):
         simple = {
             "claims": "Ticks claimed", "batched_ticks": "Ticks run in a batch of ticks",
             "successes": "Attempts that succeeded", "retries": "Attempts retried",
-            "coalesced_ticks": "Missed interval ticks coalesced", "lease_recoveries": "Expired or orphaned "
+            "coalesced_ticks": "Missed interval ticks coalesced",
+            "ticks_refused": "Ticks found here that another session ran, that changed, or that came early",
+            "lease_recoveries": "Expired or orphaned "
             "claims resumed", "leases_lost": "Attempts whose lease was lost", "terminations": "Backends "
             "terminated past their deadline",
         }

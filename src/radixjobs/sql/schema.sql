@@ -6687,10 +6687,9 @@ END $$;
 -- (100,000 by default; inlining and optimisation past 500,000), wherever the server was built with LLVM
 -- (the distributions' packages are; the embedded 18 is not). The finder's generic plan (radix.find_ticks,
 -- plan_cache_mode = force_generic_plan) estimates its deal at over a million rows, so on such a server
--- each find was compiled afresh: about a second of the server's CPU per find for a statement that runs in
--- well under a millisecond, and every tick of the node waited behind it (hundreds of milliseconds late on
--- the distribution's PostgreSQL 15, half the ticks of a 1,000-job second missed). Radix's statements are
--- short and their costs are estimates of generic plans: compiling them never pays.
+-- each find was compiled afresh, about a second of the server's CPU for a statement that runs in well
+-- under a millisecond, and every tick of the node waited behind it. Radix's statements are short and their
+-- costs are estimates of generic plans: compiling them never pays.
 --
 -- Every radix routine that has settings of its own (a SET clause: never inlined anyway) now also sets
 -- jit = off, which holds while its statements are planned and run, whatever the server's or the session's
@@ -6718,12 +6717,10 @@ END $$;
 --
 -- Before PostgreSQL 18, a SQL-language function that is not inlined (these all have a SET clause, which
 -- forbids inlining) parses and plans its body again at every call; PostgreSQL 18 keeps those plans as it
--- keeps PL/pgSQL's. Measured on the distribution's PostgreSQL 15 beside the embedded 18, same machine:
--- radix._principal_load 0.86 against 0.13 ms a call, radix._running_elsewhere 0.81 against 0.25,
--- radix.lease_work_due 0.58 against 0.15: a find cost 2.8 ms of the server against 1.0, on the path of
--- every tick. PL/pgSQL keeps each statement's plan for the session (generic or custom as the plan cache
--- decides), on 14 as on 18. The bodies, volatility, security and grants are unchanged; each still pins
--- search_path and jit (0018_jit_off.sql).
+-- keeps PL/pgSQL's. On 15 that made each find several times the server time it takes on 18, on the path of
+-- every tick (docs/benchmarks.md, per PostgreSQL version). PL/pgSQL keeps each statement's plan for the
+-- session (generic or custom as the plan cache decides), on 14 as on 18. The bodies, volatility, security
+-- and grants are unchanged; each still pins search_path and jit (0018_jit_off.sql).
 --
 -- Converted: the finder's helpers (_principal_load, _running_elsewhere, _claim_shares, lease_work_due,
 -- node_alive, job_has_live_frame), a tick's (_prune_history, _tick_token, _session_key, _attempt_mac,
@@ -6985,10 +6982,9 @@ END $$;
 --
 -- The engine starts a found tick at the monotonic time the find's answer came back plus `due_in_ms`
 -- (engine/ticks.py, Tick.from_row). Measured from the find's start, `due_in_ms` left out the find's own
--- time and its way back, and every tick found ahead started that much late: 2 to 4 ms on the
--- distribution's PostgreSQL 15 (a find of 1.3 ms, then the pipelined radix.next_due_in), more under load.
--- Measured at the end, it is late only by the answer's way back, and never early: radix.start_tick refuses
--- a tick that arrives before it is due. The rest of the function is 0014's.
+-- time and its way back, and every tick found ahead started that much late (more under load). Measured at
+-- the end, it is late only by the pipelined radix.next_due_in and the answer's way back, and never early:
+-- radix.start_tick refuses a tick that arrives before it is due. The rest of the function is 0014's.
 
 CREATE OR REPLACE FUNCTION radix.find_ticks(node text, max_ticks integer, horizon_ms integer, skip uuid[], mine integer[])
 RETURNS TABLE (job_id uuid, definition_version bigint, planned_ns bigint, attempt integer, coalesced bigint,

@@ -4,10 +4,9 @@
 -- (100,000 by default; inlining and optimisation past 500,000), wherever the server was built with LLVM
 -- (the distributions' packages are; the embedded 18 is not). The finder's generic plan (radix.find_ticks,
 -- plan_cache_mode = force_generic_plan) estimates its deal at over a million rows, so on such a server
--- each find was compiled afresh: about a second of the server's CPU per find for a statement that runs in
--- well under a millisecond, and every tick of the node waited behind it (hundreds of milliseconds late on
--- the distribution's PostgreSQL 15, half the ticks of a 1,000-job second missed). Radix's statements are
--- short and their costs are estimates of generic plans: compiling them never pays.
+-- each find was compiled afresh, about a second of the server's CPU for a statement that runs in well
+-- under a millisecond, and every tick of the node waited behind it. Radix's statements are short and their
+-- costs are estimates of generic plans: compiling them never pays.
 --
 -- Every radix routine that has settings of its own (a SET clause: never inlined anyway) now also sets
 -- jit = off, which holds while its statements are planned and run, whatever the server's or the session's

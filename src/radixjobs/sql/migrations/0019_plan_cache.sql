@@ -3,12 +3,10 @@
 --
 -- Before PostgreSQL 18, a SQL-language function that is not inlined (these all have a SET clause, which
 -- forbids inlining) parses and plans its body again at every call; PostgreSQL 18 keeps those plans as it
--- keeps PL/pgSQL's. Measured on the distribution's PostgreSQL 15 beside the embedded 18, same machine:
--- radix._principal_load 0.86 against 0.13 ms a call, radix._running_elsewhere 0.81 against 0.25,
--- radix.lease_work_due 0.58 against 0.15: a find cost 2.8 ms of the server against 1.0, on the path of
--- every tick. PL/pgSQL keeps each statement's plan for the session (generic or custom as the plan cache
--- decides), on 14 as on 18. The bodies, volatility, security and grants are unchanged; each still pins
--- search_path and jit (0018_jit_off.sql).
+-- keeps PL/pgSQL's. On 15 that made each find several times the server time it takes on 18, on the path of
+-- every tick (docs/benchmarks.md, per PostgreSQL version). PL/pgSQL keeps each statement's plan for the
+-- session (generic or custom as the plan cache decides), on 14 as on 18. The bodies, volatility, security
+-- and grants are unchanged; each still pins search_path and jit (0018_jit_off.sql).
 --
 -- Converted: the finder's helpers (_principal_load, _running_elsewhere, _claim_shares, lease_work_due,
 -- node_alive, job_has_live_frame), a tick's (_prune_history, _tick_token, _session_key, _attempt_mac,

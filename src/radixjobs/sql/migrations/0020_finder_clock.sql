@@ -2,10 +2,9 @@
 --
 -- The engine starts a found tick at the monotonic time the find's answer came back plus `due_in_ms`
 -- (engine/ticks.py, Tick.from_row). Measured from the find's start, `due_in_ms` left out the find's own
--- time and its way back, and every tick found ahead started that much late: 2 to 4 ms on the
--- distribution's PostgreSQL 15 (a find of 1.3 ms, then the pipelined radix.next_due_in), more under load.
--- Measured at the end, it is late only by the answer's way back, and never early: radix.start_tick refuses
--- a tick that arrives before it is due. The rest of the function is 0014's.
+-- time and its way back, and every tick found ahead started that much late (more under load). Measured at
+-- the end, it is late only by the pipelined radix.next_due_in and the answer's way back, and never early:
+-- radix.start_tick refuses a tick that arrives before it is due. The rest of the function is 0014's.
 
 CREATE OR REPLACE FUNCTION radix.find_ticks(node text, max_ticks integer, horizon_ms integer, skip uuid[], mine integer[])
 RETURNS TABLE (job_id uuid, definition_version bigint, planned_ns bigint, attempt integer, coalesced bigint,
