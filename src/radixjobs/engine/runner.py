@@ -68,8 +68,11 @@ NEXT_DUE_IN = "radix.next_due_in(%s::pg_catalog.int4)"
 AFTER_CLAIM = "SELECT " + NEXT_DUE_IN + ", " + CRON_DUE
 NEXT_DUE = "SELECT " + NEXT_DUE_IN
 # After a find of ticks, in its round trip: seconds until the next due tick, and whether the lease path has
-# work (radix.lease_work_due, or cron ticks awaiting planning).
-AFTER_FIND = "SELECT " + NEXT_DUE_IN + ", radix.lease_work_due(%s::pg_catalog.text) OR " + CRON_DUE
+# work (radix.lease_work_due, or cron ticks awaiting planning); between two reads of the clock, whose
+# difference is how long the found ticks' answer waited for this one's.
+AFTER_FIND = ("SELECT " + NEXT_DUE_IN + ", radix.lease_work_due(%s::pg_catalog.text) OR " + CRON_DUE
+              + ", pg_catalog.clock_timestamp() - t.began FROM (SELECT pg_catalog.clock_timestamp() AS began "
+              "OFFSET 0) t")
 
 # The fixed set of counters an engine reports (status and metrics never grow with jobs or errors).
 COUNTER_KEYS = ("claims", "batched_ticks", "successes", "retries", "coalesced_ticks", "ticks_refused",
@@ -304,8 +307,10 @@ class Engine(BatchExecution):
                                                       self._principals.backend_pids()))
                 after_cur = await conn.execute(AFTER_FIND, (self.max_per_principal, self.node_id))
             now = time.monotonic()
-            ticks = [Tick.from_row(row, now) for row in await cur.fetchall()]
             after = await after_cur.fetchone()
+            # due_in_ms is as of the find's end, before the second query ran: never early, and not that late
+            waited = max(0.0, after[2].total_seconds()) if after else 0.0
+            ticks = [Tick.from_row(row, now - waited) for row in await cur.fetchall()]
             missing = {t.job_id for t in ticks if self._definitions.get((t.job_id, t.definition_version)) is None}
             if missing:
                 async with conn.cursor(row_factory=dict_row) as dcur:

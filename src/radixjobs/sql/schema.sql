@@ -6978,13 +6978,18 @@ BEGIN
 END $$;
 
 -- ===== 0020_finder_clock.sql =====
--- 0020: radix.find_ticks says how long until each tick is due as of the end of the find, not its start.
+-- 0020: radix.find_ticks says how long until each tick is due as of the end of the find, not its start, and
+-- its commit does not wait for a WAL flush.
 --
 -- The engine starts a found tick at the monotonic time the find's answer came back plus `due_in_ms`
 -- (engine/ticks.py, Tick.from_row). Measured from the find's start, `due_in_ms` left out the find's own
 -- time and its way back, and every tick found ahead started that much late (more under load). Measured at
--- the end, it is late only by the pipelined radix.next_due_in and the answer's way back, and never early:
--- radix.start_tick refuses a tick that arrives before it is due. The rest of the function is 0014's.
+-- the end, it is late only by the rest of the find and the answer's way back (the engine takes off the
+-- time of the query pipelined after it: engine/runner.py, AFTER_FIND), and never early: radix.start_tick
+-- refuses a tick that arrives before it is due. And its transaction commits without
+-- waiting for the WAL flush of its row locks (synchronous_commit off, for that transaction only): a find
+-- keeps nothing a crash could lose but an installed request, which is then installed again by the next.
+-- The rest of the function is 0014's.
 
 CREATE OR REPLACE FUNCTION radix.find_ticks(node text, max_ticks integer, horizon_ms integer, skip uuid[], mine integer[])
 RETURNS TABLE (job_id uuid, definition_version bigint, planned_ns bigint, attempt integer, coalesced bigint,
@@ -7001,6 +7006,8 @@ DECLARE
     runs integer[];
     dues bigint[];
 BEGIN
+    -- the find's transaction keeps nothing: its commit need not wait for the WAL of its row locks
+    PERFORM pg_catalog.set_config('synchronous_commit', 'off', true);
     -- a request queued while a tick held its job (radix._promote_request left it) is installed now
     IF EXISTS (SELECT 1 FROM radix.job_requests) THEN
         PERFORM radix._promote_request(q.job_id)
