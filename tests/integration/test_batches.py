@@ -5,12 +5,15 @@ and recurring ticks of a batch each advance to their own next tick, each job's h
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
+import psycopg
 import pytest
 from psycopg import sql
 
 from radixjobs.engine import ticks
+from radixjobs.engine.attempt import AttemptRunner
 from tests.apps import App, run_engine
 from tests.support import wait_for
 
@@ -184,3 +187,21 @@ def test_no_routine_on_the_ticks_path_is_planned_at_every_call(app: App) -> None
 
     rows = wait_for(flushed)
     assert [name for name, language, settings in rows if language == "sql" and settings] == []
+
+
+async def test_a_connection_whose_batch_was_being_cancelled_is_not_used_again(app: App) -> None:
+    """The watchdog's cancel of a batch past its limit can reach the backend after the batch ended on its own
+    (its statement timeout, at the same moment), and would cancel the next query sent there (a tick of that
+    batch run alone, which then failed as cancelled): such a connection is closed, never reused."""
+    terminated: list[int] = []
+
+    async def terminate(pid: int) -> None:
+        terminated.append(pid)
+
+    runner = AttemptRunner(terminate, grace_s=5.0)
+    async with await psycopg.AsyncConnection.connect(app.dsn, autocommit=True) as conn:
+        outcome, cur = await runner.run_batch(conn, b"SELECT pg_catalog.pg_sleep(2)", 0.05, asyncio.Event())
+        assert (outcome.succeeded, cur) == (False, None)
+        assert conn.closed
+    runner.close()
+    assert terminated == []  # closed, not left to the watchdog's termination

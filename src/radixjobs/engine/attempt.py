@@ -181,7 +181,9 @@ class AttemptRunner:
                         cancel: asyncio.Event) -> tuple[Outcome, psycopg.AsyncCursor[Any] | None]:
         """Run a batch of ticks (engine/batches.py) as one query; never raises for failures. Past
         ``limit_s`` the query is cancelled (and its backend ended after the grace), as on ``cancel``.
-        Returns the outcome of the query as a whole and, when it succeeded, its cursor."""
+        Returns the outcome of the query as a whole and, when it succeeded, its cursor. A connection whose
+        batch was being cancelled is closed: the cancel may reach the backend after the batch ended on its
+        own (its statement timeout, at the same moment), and would cancel the next query sent there."""
         watched = _Watched(conn, conn.info.backend_pid)
         self._active.add(watched)
         timer = asyncio.get_running_loop().call_later(limit_s, self._end, watched, True)
@@ -193,6 +195,7 @@ class AttemptRunner:
             self._active.discard(watched)
             if watched.ending is not None:
                 watched.ending.cancel()
+                await conn.close()
 
     def hold(self, conn: psycopg.AsyncConnection[Any], token: uuid.UUID) -> bool:
         """The attempt running on ``conn`` now holds the lease ``token`` (a tick published as a lease), so
