@@ -71,8 +71,8 @@ NEXT_DUE = "SELECT " + NEXT_DUE_IN
 # work (radix.lease_work_due, or cron ticks awaiting planning); between two reads of the clock, whose
 # difference is how long the found ticks' answer waited for this one's.
 AFTER_FIND = ("SELECT " + NEXT_DUE_IN + ", radix.lease_work_due(%s::pg_catalog.text) OR " + CRON_DUE
-              + ", pg_catalog.clock_timestamp() - t.began FROM (SELECT pg_catalog.clock_timestamp() AS began "
-              "OFFSET 0) t")
+              + ", pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-) t.began "
+              "FROM (SELECT pg_catalog.clock_timestamp() AS began OFFSET 0) t")
 
 # The fixed set of counters an engine reports (status and metrics never grow with jobs or errors).
 COUNTER_KEYS = ("claims", "batched_ticks", "successes", "retries", "coalesced_ticks", "ticks_refused",
