@@ -7,6 +7,7 @@ catalog, read as superuser). Job DDL goes through ``catalog.execute_job_ddl``; t
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -20,7 +21,7 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
 from radixjobs import catalog, ddl
-from radixjobs.engine.definitions import build_call
+from radixjobs.engine.definitions import build_call, dollar_quoted
 from radixjobs.errors import RadixError
 from radixjobs.model import CreateJob, quote_ident
 from radixjobs.scripts import run_script
@@ -767,7 +768,8 @@ END $$;
 def seed_call_as_principal(site: Site, worker: str) -> None:
     """Run the stored CALL the way the engine will, on a connection logged in as the principal."""
     job = site.existing_job("maintenance.expire_sessions")
-    site.connect(worker).execute(build_call("auth", "expire_sessions", job["arguments"]))
+    stored = dollar_quoted(json.dumps(job["arguments"]), "stored") + "::pg_catalog.jsonb"
+    site.connect(worker).execute(build_call("auth", "expire_sessions", job["arguments"], stored))
     assert site.su.execute("SELECT count(*) FROM auth.sessions").fetchone() == (3,)
 
 

@@ -8,6 +8,7 @@ too. A refusal must be PostgreSQL's own refusal (same SQLSTATE) and write nothin
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -67,14 +68,16 @@ def stored_binding(job: dict[str, Any]) -> tuple[Binding, ...]:
 
 def run_stored_call(site: Site, conn: Conn, job: dict[str, Any], batch: bool = False) -> None:
     """The CALL the engine will make from the stored binding (exact types, values read by their input functions):
-    the lone tick's DO block, or (``batch``) the CALL a tick batch runs by EXECUTE in PL/pgSQL (radix.run_ticks)."""
+    the lone tick's DO block, or (``batch``) the CALL a tick batch runs by EXECUTE in PL/pgSQL (radix.run_ticks), the
+    stored arguments given as a constant in place of the attempt's radix.current_arguments() or run_ticks' $1."""
     schema, name = site.su.execute("SELECT pronamespace::regnamespace::text, proname FROM pg_proc WHERE oid = %s",
                                    (job["procedure_oid"],)).fetchone() or ("", "")
+    stored = dollar_quoted(json.dumps(job["arguments"]), "stored") + "::pg_catalog.jsonb"
     if not batch:
-        conn.execute(build_call(schema, name, job["arguments"]))
+        conn.execute(build_call(schema, name, job["arguments"], stored))
         return
     call = dollar_quoted(build_batch_call(schema, name, job["arguments"]).decode(), "call")
-    conn.execute(("DO " + dollar_quoted(f"BEGIN EXECUTE {call}; END", "block")).encode())
+    conn.execute(("DO " + dollar_quoted(f"BEGIN EXECUTE {call} USING {stored}; END", "block")).encode())
 
 
 # ------------------------------------------------------------------------------------------ overload resolution

@@ -44,7 +44,9 @@ def test_a_stranger_cannot_run_backfill_or_change_a_job(app: App, roles: Any, lo
                 "ALTER JOB app.owned SET (history = 1)", f"ALTER JOB app.owned SET RUN AS {stranger}",
                 "ALTER JOB app.owned RENAME TO app.mine",
                 f"CREATE OR REPLACE JOB app.owned {HOURLY} RUN AS {stranger} CALL app.record('x')"):
-        with pytest.raises(AdmissionError, match=r"must be owner|does not exist"):
+        # (CREATE OR REPLACE of a job it does not see is a CREATE JOB: "already exists", as CREATE on the
+        # schema lets it learn anyway)
+        with pytest.raises(AdmissionError, match=r"must be owner|does not exist|already exists"):
             catalog.execute_job_ddl(conn, ddl)
     with pytest.raises(errors.InsufficientPrivilege):  # the internal function, naming the owner as caller
         conn.execute("SELECT radix._request_ticks(%s, 'app.owned', ARRAY[1]::bigint[], 'run')", (owner,))
@@ -106,6 +108,31 @@ def test_the_scheduler_state_stays_the_schedulers(app: App, roles: Any, login: A
                       "SELECT radix._promote_request(gen_random_uuid())"):
         with pytest.raises(errors.InsufficientPrivilege):
             conn.execute(statement.encode())
+
+
+def test_a_stranger_learns_neither_a_job_s_existence_nor_its_anchor(app: App, roles: Any, login: Any) -> None:
+    """The helpers of CREATE OR REPLACE and of backfill answer as the caller, not as their definer."""
+    owner, owner_conn = _owned_job(app, roles, login)
+    job_id = app.state("app.owned")["job_id"]
+    stranger = login(roles("stranger"))
+    # existence: the stranger's answer is the one for a name that does not exist; the owner's is true
+    for name in ("app.owned", "app.nothing_here"):
+        assert stranger.execute("SELECT radix._job_exists(%s)", (name,)).fetchone() == (False,)
+    assert owner_conn.execute("SELECT radix._job_exists('app.owned')").fetchone() == (True,)
+    # the anchor: the public function is gone; its replacement checks the caller's right to change the job
+    with pytest.raises(errors.UndefinedFunction):
+        stranger.execute("SELECT radix.job_anchor_ns(%s)", (job_id,))
+    for caller in (owner, stranger.info.user):  # naming the owner as caller is refused as well
+        with pytest.raises(errors.InsufficientPrivilege):
+            stranger.execute("SELECT radix._job_anchor_ns(%s, 'app.owned')", (caller,))
+    anchor = owner_conn.execute("SELECT radix._job_anchor_ns(current_user, 'app.owned')").fetchone()
+    assert anchor is not None
+    assert anchor == app.conn.execute("SELECT anchor_ns FROM radix.radix_system_job_state WHERE job_id = %s",
+                                      (job_id,)).fetchone()
+    # and backfill, which reads it, still works for the owner
+    catalog.execute_job_ddl(owner_conn, "RUN JOB app.owned FOR RANGE TIMESTAMP '2026-01-01T00:30:00Z' "
+                                        "TO TIMESTAMP '2026-01-01T03:00:00Z'")
+    assert _requests(app) >= 1
 
 
 # -- pg_cron import -------------------------------------------------------------------------------------

@@ -108,36 +108,54 @@ def _identifier(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
-def _call_arguments(arguments: list[dict[str, Any]]) -> list[tuple[str, str, str | None]]:
-    """Each argument as (its stored type, its value as a CAST of a dollar-quoted constant, its quoted name
-    or None when positional): positional arguments first, as given."""
-    ordered = sorted(arguments, key=lambda a: (bool(a.get("by_name")), int(a["position"])))
+# Where a CALL's arguments come from: the stored arguments (radix.jobs.arguments, a JSON array) read on the
+# server, never a value in the query text (pg_stat_activity shows that text to every session of the role).
+DO_ARGUMENTS = '"radix_arguments"'  # the DO block's variable, from radix.current_arguments(version)
+BATCH_ARGUMENTS = "$1"  # a batched tick's CALL: run_ticks' EXECUTE … USING (from radix.start_ticks)
+
+
+def _call_arguments(arguments: list[dict[str, Any]], source: str) -> list[tuple[str, str, str | None]]:
+    """Each argument as (its stored type, its value read from ``source`` and cast to that type, its quoted
+    name or None when positional): positional arguments first, as given. The value is element ``i`` of the
+    stored array, by index (``jsonb_extract_path_text``, schema-qualified: the principal's search_path is
+    live), so the text names no value."""
+    ordered = sorted(enumerate(arguments), key=lambda e: (bool(e[1].get("by_name")), int(e[1]["position"])))
     rendered: list[tuple[str, str, str | None]] = []
-    for arg in ordered:
+    for index, arg in ordered:
         type_name = str(arg["type"])
-        value = "NULL" if arg.get("value") is None else dollar_quoted(str(arg["value"]), "radix_value")
+        value = f"pg_catalog.jsonb_extract_path_text({source}, '{index}', 'value')"
         rendered.append((type_name, f"CAST({value} AS {type_name})",
                          _identifier(arg["name"]) if arg.get("by_name") else None))
     return rendered
 
 
-def build_call(procedure_schema: str, procedure_name: str, arguments: list[dict[str, Any]]) -> bytes:
+def current_arguments(version: int) -> str:
+    """The expression of a job's stored arguments in its attempt: its frame's job, its definition ``version``."""
+    return f"radix.current_arguments('{int(version)}'::pg_catalog.int8)"
+
+
+def build_call(procedure_schema: str, procedure_name: str, arguments: list[dict[str, Any]],
+               stored: str) -> bytes:
     """A ``DO`` block that CALLs ``schema.proc(…)`` with each argument in a variable of its stored type.
 
     A CALL with OUT/INOUT parameters returns a row, and libpq reads a row whole into the client's memory
     (a procedure may return 1 GB in it); PL/pgSQL keeps it on the server, in the block's variables. A
     top-level DO is non-atomic, so a procedure may still COMMIT when the attempt runs non-atomically.
-    Values are dollar-quoted constants (a DO block takes no parameters) cast to the stored type, so the
-    type's input function reads them, as ``$1::type`` with an untyped parameter did; types are the
-    catalog's own ``format_type`` output stored at admission (already quoted), so the CALL hits exactly
-    the admitted overload or fails; positional arguments come first, as given. Identifiers are always
-    quoted. Built with plain string operations: one is built per job definition loaded, and psycopg's
-    sql composition cost several times more (a burst of 10,000 new jobs spent a fifth of the daemon's
-    CPU in it).
+    The values are read on the server from ``stored``, an expression of the stored arguments (the engine's:
+    ``current_arguments(version)``, the arguments of the job whose frame this transaction has, its
+    definition still ``version``), each cast to its stored type, so the type's input function reads it, as
+    ``$1::type`` with an untyped parameter did. Types are the catalog's own ``format_type`` output stored at
+    admission (already quoted), so the CALL hits exactly the admitted overload or fails; positional arguments
+    come first, as given. Identifiers are always quoted. Built with plain string operations: one is built
+    per job definition loaded, and psycopg's sql composition cost several times more (a burst of 10,000 new
+    jobs spent a fifth of the daemon's CPU in it).
     """
     declarations: list[str] = []
     parts: list[str] = []
-    for number, (type_name, value, name) in enumerate(_call_arguments(arguments), 1):
+    rendered = _call_arguments(arguments, DO_ARGUMENTS)
+    if rendered:
+        declarations.append(f"{DO_ARGUMENTS} pg_catalog.jsonb := {stored};")
+    for number, (type_name, value, name) in enumerate(rendered, 1):
         variable = f'"radix_argument_{number}"'
         declarations.append(f"{variable} {type_name} := {value};")
         parts.append(f"{name} => {variable}" if name else variable)
@@ -147,11 +165,12 @@ def build_call(procedure_schema: str, procedure_name: str, arguments: list[dict[
 
 
 def build_batch_call(procedure_schema: str, procedure_name: str, arguments: list[dict[str, Any]]) -> bytes:
-    """The same CALL as build_call's, its arguments the same CASTs, without the DO block: what a tick batch
-    runs (radix.run_ticks, by EXECUTE in PL/pgSQL, which keeps an OUT row on the server too, in an atomic
-    context as every batched tick is). A DO block is compiled afresh each time it runs: about 20 µs a
-    tick, measured in a loop of EXECUTEs (docs/hot-path.md)."""
-    parts = [f"{name} => {value}" if name else value for _, value, name in _call_arguments(arguments)]
+    """The same CALL as build_call's, without the DO block, its arguments read from ``$1``: what a tick
+    batch runs (radix.run_ticks, by EXECUTE … USING the tick's stored arguments, which keeps an OUT row on
+    the server too, in an atomic context as every batched tick is). A DO block is compiled afresh each time
+    it runs: about 20 µs a tick, measured in a loop of EXECUTEs (docs/hot-path.md)."""
+    parts = [f"{name} => {value}" if name else value
+             for _, value, name in _call_arguments(arguments, BATCH_ARGUMENTS)]
     return (f"CALL {_identifier(procedure_schema)}.{_identifier(procedure_name)}({', '.join(parts)})").encode()
 
 
@@ -162,7 +181,8 @@ def definition_from_row(row: dict[str, Any]) -> JobDefinition:
         arguments = row["arguments"]
         if isinstance(arguments, str):
             arguments = json.loads(arguments)
-        call = build_call(row["procedure_schema"], row["procedure_name"], arguments)
+        call = build_call(row["procedure_schema"], row["procedure_name"], arguments,
+                          current_arguments(int(row["definition_version"])))
         batch_call = build_batch_call(row["procedure_schema"], row["procedure_name"], arguments)
     return JobDefinition(
         job_id=row["job_id"], definition_version=int(row["definition_version"]),
