@@ -204,6 +204,16 @@ def test_each_job_is_created_by_its_user_or_says_why(app: App, pg: PgCluster, ro
     # what the import granted the stranger for its attempt is taken back
     assert schema_privileges(app.conn, stranger, "cron_import") == (False, False)
 
+    # again, unblocked: the stranger's job is made; and then seen by the stranger's session (the importer, no
+    # operator, sees only its own jobs), so a third import leaves it alone
+    for expected in (["created", "exists"], ["exists", "exists"]):
+        with psycopg.connect(pg.dsn_for(dbname, user=importer), autocommit=True) as conn:
+            outcomes = by_id(import_pg_cron(conn))
+        assert [outcomes[1].action, outcomes[2].action] == expected
+    assert [(j["name"], j["owner"]) for j in catalog.list_jobs(app.conn)] == [
+        ("cron_import.mine", importer), ("cron_import.theirs", stranger)]
+    assert schema_privileges(app.conn, stranger, "cron_import") == (True, False)
+
 
 def test_wrapper_of_someone_else_is_not_replaced(app: App) -> None:
     app.conn.execute("CREATE SCHEMA imported; CREATE PROCEDURE imported.mine(n int DEFAULT 1) LANGUAGE sql "

@@ -27,7 +27,6 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from radixjobs import catalog
 from radixjobs.errors import RadixError
 from radixjobs.imports.pg_cron_plan import (
     Action,
@@ -39,7 +38,7 @@ from radixjobs.imports.pg_cron_plan import (
     map_command,
     map_schedule,
 )
-from radixjobs.imports.pg_cron_session import LoginFailed, Sessions, admit
+from radixjobs.imports.pg_cron_session import LoginFailed, Sessions, admit, existing
 from radixjobs.model import QualifiedName
 
 __all__ = ["Outcome", "failed", "import_pg_cron", "plan", "read_cron_jobs"]
@@ -147,6 +146,9 @@ def import_pg_cron(conn: Conn, *, schema: str = DEFAULT_SCHEMA, database: str | 
     ``cron.job`` there (default: ``conn``). ``timeout_ms``: each job's timeout (default: radixjobs').
     ``dsn``: where the users' sessions log in (default: ``conn``'s parameters; its password is never used).
     """
+    if not conn.autocommit:
+        raise RadixError("the import needs an autocommit connection: the schema and grants commit before the "
+                         "users' sessions look, and each job is its own transaction")
     src = read_cron_jobs(source or conn)
     if database is None:
         row = conn.execute("SELECT pg_catalog.current_database()::pg_catalog.text").fetchone()
@@ -158,7 +160,7 @@ def import_pg_cron(conn: Conn, *, schema: str = DEFAULT_SCHEMA, database: str | 
                         time_zone=src.time_zone)
         for row in src.rows}
     for job in _planned(results):
-        results[job.row.jobid] = _existing(conn, job) or job
+        results[job.row.jobid] = existing(conn, job) or job
     if _planned(results):
         _create_all(conn, _planned(results), results, schema=schema, dry_run=dry_run, timeout_ms=timeout_ms,
                     dsn=dsn or conn.info.dsn)
@@ -186,7 +188,8 @@ def _create_all(conn: Conn, jobs: list[JobPlan], results: dict[int, Outcome | Jo
             granted = _grant(conn, schema, sorted(users))
         creators: set[str] = set()
         try:
-            ready = {user: (exists or not dry_run) and _may_create(conn, schema, user) for user in users}
+            # a dry run admits in the real schema only where the user may already create; an import always
+            ready = {user: not dry_run or (exists and _may_create(conn, schema, user)) for user in users}
             for job in _planned(results):
                 outcome = _create(conn, sessions, job, ready=ready[job.principal], dry_run=dry_run,
                                   timeout_ms=timeout_ms)
@@ -234,19 +237,6 @@ def _create_schema(conn: Conn, schema: str) -> None:
         if conn.broken:
             raise
         raise RadixError(f"cannot create schema {schema}: {_message(exc)}") from None
-
-
-def _existing(conn: Conn, job: JobPlan) -> Outcome | None:
-    """The outcome for a job whose name is taken (None: it is free): left alone when it runs as the row's
-    user, else refused, naming who it runs as."""
-    found = catalog.get_job(conn, job.name)
-    if found is None:
-        return None
-    if found["principal"] == job.principal:
-        return job.outcome("exists", "a job of this name exists; left as it is")
-    return job.outcome("refused", f"a job of this name exists, RUN AS {found['principal']} (owner "
-                                  f"{found['owner']}), not as {job.principal}: drop it, or import into another "
-                                  "--schema")
 
 
 PRIVILEGES = ("SELECT pg_catalog.has_schema_privilege(%s::pg_catalog.text, %s::pg_catalog.text, "
@@ -306,7 +296,9 @@ def _create(conn: Conn, sessions: Sessions, job: JobPlan, *, ready: bool, dry_ru
     except LoginFailed as exc:  # logged in before, but the session was dropped since
         return job.outcome("unmapped", str(exc))
     try:
-        admit(session, job, ready=ready, dry_run=dry_run, timeout_ms=timeout_ms)
+        taken = admit(session, job, ready=ready, dry_run=dry_run, timeout_ms=timeout_ms)
+        if taken is not None:
+            return taken
     except (RadixError, psycopg.Error) as exc:
         if conn.broken:
             raise  # the importer's connection is gone: no later job could be imported either

@@ -20,6 +20,8 @@ Invariants:
   schema, whatever its arguments (one of the same signature would be reused, an overload would make the
   CALL ambiguous): one there is a refusal naming it and its owner. Its COMMENT says where it came from,
   for people; nothing reads it back.
+- A job of the same name the user sees is never replaced: "exists" when it runs as the user, else refused
+  (the importer looked first; a role that is not an operator sees only its own jobs).
 - One transaction per job: a refusal, or a dry run, rolls the wrapper and the job back together. When the
   schema is not ready for the user (a dry run before the import created it, or granted the user CREATE on
   it), both are admitted in the user's temporary schema instead, then rolled back: the same admission,
@@ -42,7 +44,7 @@ from radixjobs import catalog
 from radixjobs.db import first_line, lock_timeout_ms
 from radixjobs.engine.principals import principal_dsn
 from radixjobs.errors import RadixError
-from radixjobs.imports.pg_cron_plan import JobPlan
+from radixjobs.imports.pg_cron_plan import JobPlan, Outcome
 from radixjobs.model import CreateJob, QualifiedName
 
 Conn = psycopg.Connection[Any]
@@ -59,6 +61,9 @@ FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_ca
 WHERE n.nspname OPERATOR(pg_catalog.=) %s::pg_catalog.name AND p.proname OPERATOR(pg_catalog.=) %s::pg_catalog.name
 ORDER BY p.oid LIMIT 1
 """
+JOB_NAMED = (b"SELECT o.principal::pg_catalog.text, o.owner::pg_catalog.text FROM radix.job_overview o "
+             b"WHERE o.schema_name OPERATOR(pg_catalog.=) %s::pg_catalog.text "
+             b"AND o.job_name OPERATOR(pg_catalog.=) %s::pg_catalog.text")
 # Creating a temporary object makes the session's temporary schema, whose name the second query reads.
 TEMPORARY_SCHEMA = (b"CREATE TEMPORARY SEQUENCE IF NOT EXISTS pg_temp.radixjobs_import",
                     b"SELECT n.nspname::pg_catalog.text FROM pg_catalog.pg_namespace n "
@@ -75,9 +80,9 @@ class Sessions:
     def __init__(self, importer: Conn, dsn: str):
         self.importer = importer
         self.dsn = dsn
-        row = importer.execute("SELECT SESSION_USER::pg_catalog.text").fetchone()
+        row = importer.execute("SELECT SESSION_USER::pg_catalog.text, CURRENT_USER::pg_catalog.text").fetchone()
         assert row is not None
-        self.importer_user = str(row[0])
+        self.importer_user = str(row[0]) if row[0] == row[1] else None  # (not after a SET ROLE)
         self._open: dict[str, Conn] = {}
         self._failed: dict[str, str] = {}
 
@@ -142,14 +147,30 @@ class Watchdog:
         self._timer.cancel()
 
 
-def admit(session: Conn, job: JobPlan, *, ready: bool, dry_run: bool, timeout_ms: int | None) -> None:
+def existing(conn: Conn, job: JobPlan) -> Outcome | None:
+    """The outcome for a job whose name is taken, as far as ``conn``'s role sees (None: not seen): left alone
+    when it runs as the row's user, else refused, naming who it runs as."""
+    found = conn.execute(JOB_NAMED, (job.name.schema, job.name.name)).fetchone()
+    if found is None:
+        return None
+    principal, owner = found
+    if principal == job.principal:
+        return job.outcome("exists", "a job of this name exists; left as it is")
+    return job.outcome("refused", f"a job of this name exists, RUN AS {principal} (owner {owner}), not as "
+                                  f"{job.principal}: drop it, or import into another --schema")
+
+
+def admit(session: Conn, job: JobPlan, *, ready: bool, dry_run: bool, timeout_ms: int | None) -> Outcome | None:
     """Create ``job`` (and its wrapper) on ``session`` in one transaction, rolled back for a dry run or when
-    the schema is not ready (then admitted in the session's temporary schema). Raises RadixError or
-    psycopg.Error when refused."""
+    the schema is not ready (then admitted in the session's temporary schema). None when admitted; the
+    outcome when the user sees a job of its name already. Raises RadixError or psycopg.Error when refused."""
     with Watchdog(session, WATCHDOG_S) as watchdog:
         try:
             with session.transaction() as tx:
                 session.execute(BOUND, (f"{STATEMENT_TIMEOUT_MS}ms", f"{lock_timeout_ms()}ms"))
+                taken = existing(session, job)  # one the importer may not see, but its user does
+                if taken is not None:
+                    return taken
                 name = job.name if ready else QualifiedName(_temporary_schema(session), job.name.name)
                 if job.command.body is not None:
                     _create_wrapper(session, name, job)
@@ -163,6 +184,7 @@ def admit(session: Conn, job: JobPlan, *, ready: bool, dry_run: bool, timeout_ms
                 raise RadixError(f"admission as {job.principal} did not finish within {WATCHDOG_S:g} s; its "
                                  "session was closed") from None
             raise
+    return None
 
 
 def _temporary_schema(session: Conn) -> str:
