@@ -171,6 +171,7 @@ def _create_all(conn: Conn, jobs: list[JobPlan], results: dict[int, Outcome | Jo
                 dry_run: bool, timeout_ms: int | None, dsn: str) -> None:
     """Log in as each job's user, make the schema ready (not in a dry run), then admit each job."""
     exists = _schema_is_yours(conn, schema)
+    jobs = sorted(jobs, key=lambda j: (j.principal, j.row.jobid))  # user by user: one session at a time
     with Sessions(conn, dsn) as sessions:
         users: set[str] = set()
         for job in jobs:
@@ -190,7 +191,9 @@ def _create_all(conn: Conn, jobs: list[JobPlan], results: dict[int, Outcome | Jo
         try:
             # a dry run admits in the real schema only where the user may already create; an import always
             ready = {user: not dry_run or (exists and _may_create(conn, schema, user)) for user in users}
-            for job in _planned(results):
+            for job in jobs:
+                if job.principal not in users:
+                    continue
                 outcome = _create(conn, sessions, job, ready=ready[job.principal], dry_run=dry_run,
                                   timeout_ms=timeout_ms)
                 results[job.row.jobid] = outcome
@@ -293,7 +296,7 @@ def _create(conn: Conn, sessions: Sessions, job: JobPlan, *, ready: bool, dry_ru
     """Admit one planned job on its user's session; the outcome says what became of it."""
     try:
         session = sessions.get(job.principal)
-    except LoginFailed as exc:  # logged in before, but the session was dropped since
+    except LoginFailed as exc:  # logged in before, but not now
         return job.outcome("unmapped", str(exc))
     try:
         taken = admit(session, job, ready=ready, dry_run=dry_run, timeout_ms=timeout_ms)
@@ -303,7 +306,7 @@ def _create(conn: Conn, sessions: Sessions, job: JobPlan, *, ready: bool, dry_ru
         if conn.broken:
             raise  # the importer's connection is gone: no later job could be imported either
         if session.broken or session.closed:
-            sessions.drop(job.principal)
+            sessions.close()
         return job.outcome("refused", _message(exc))
     state = "" if job.row.active else " (disabled, as in pg_cron)"
     if dry_run and not ready:

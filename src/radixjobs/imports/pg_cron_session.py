@@ -9,8 +9,8 @@ Invariants:
   user's rights, never the importer's. SET ROLE is never used: under a superuser session, code it
   contained could undo it. The importer's own connection serves the rows of the importer itself.
 - A session logs in with ``principal_dsn`` (the importer's DSN without its password: the password file alone
-  supplies the user's), bounded by ``connect_timeout``; one per user, reused across the user's rows. A login
-  that fails is that user's reason, with libpq's first line.
+  supplies the user's), bounded by ``connect_timeout``; one at a time, reused across the user's rows. A
+  login that fails is that user's reason, with libpq's first line.
 - The session keeps the user's own settings, search_path included, as the user's own session would
   (admission pins its own search_path); every statement sent there is schema-qualified. Each transaction
   first bounds itself (``statement_timeout``, ``lock_timeout`` SET LOCAL), and a watchdog shuts the socket
@@ -75,7 +75,8 @@ class LoginFailed(RadixError):
 
 
 class Sessions:
-    """Connections logged in as pg_cron users, one per user, opened on first use, closed on exit."""
+    """Sessions logged in as pg_cron users, opened on demand; at most one open at a time (asking for another
+    user's closes it), so a thousand users never take a thousand connections: take each user's rows in turn."""
 
     def __init__(self, importer: Conn, dsn: str):
         self.importer = importer
@@ -83,7 +84,7 @@ class Sessions:
         row = importer.execute("SELECT SESSION_USER::pg_catalog.text, CURRENT_USER::pg_catalog.text").fetchone()
         assert row is not None
         self.importer_user = str(row[0]) if row[0] == row[1] else None  # (not after a SET ROLE)
-        self._open: dict[str, Conn] = {}
+        self._open: tuple[str, Conn] | None = None
         self._failed: dict[str, str] = {}
 
     def get(self, user: str) -> Conn:
@@ -92,29 +93,29 @@ class Sessions:
             return self.importer
         if user in self._failed:
             raise LoginFailed(self._failed[user])
-        conn = self._open.get(user)
-        if conn is None:
-            try:
-                conn = psycopg.connect(principal_dsn(self.dsn, user, application_name=APPLICATION_NAME),
-                                       autocommit=True, prepare_threshold=None)
-            except psycopg.OperationalError as exc:
-                self._failed[user] = f"cannot log in as role {user}: {first_line(exc)}"
-                raise LoginFailed(self._failed[user]) from None
-            self._open[user] = conn
+        if self._open is not None and self._open[0] == user:
+            return self._open[1]
+        self.close()
+        try:
+            conn = psycopg.connect(principal_dsn(self.dsn, user, application_name=APPLICATION_NAME),
+                                   autocommit=True, prepare_threshold=None)
+        except psycopg.OperationalError as exc:
+            self._failed[user] = f"cannot log in as role {user}: {first_line(exc)}"
+            raise LoginFailed(self._failed[user]) from None
+        self._open = (user, conn)
         return conn
 
-    def drop(self, user: str) -> None:
-        """Close ``user``'s session (broken, or cut by the watchdog); the next get() logs in again."""
-        conn = self._open.pop(user, None)
-        if conn is not None:
-            conn.close()
+    def close(self) -> None:
+        """Close the open session (also when broken, or cut by the watchdog); the next get() logs in again."""
+        if self._open is not None:
+            self._open[1].close()
+            self._open = None
 
     def __enter__(self) -> Sessions:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        for user in list(self._open):
-            self.drop(user)
+        self.close()
 
 
 class Watchdog:
