@@ -44,6 +44,21 @@ def procedures(conn: psycopg.Connection[Any], schema: str) -> list[str]:
         "WHERE n.nspname = %s ORDER BY 1", (schema,)).fetchall()]
 
 
+def owners(conn: psycopg.Connection[Any], schema: str) -> dict[str, str]:
+    """Each routine of ``schema`` and its owner."""
+    return dict(conn.execute(
+        "SELECT p.proname::text, pg_get_userbyid(p.proowner)::text FROM pg_proc p "
+        "JOIN pg_namespace n ON n.oid = p.pronamespace WHERE n.nspname = %s", (schema,)).fetchall())
+
+
+def schema_privileges(conn: psycopg.Connection[Any], role: str, schema: str) -> tuple[bool, bool]:
+    """(USAGE, CREATE) of ``role`` on ``schema``."""
+    row = conn.execute("SELECT has_schema_privilege(%s, %s, 'USAGE'), has_schema_privilege(%s, %s, 'CREATE')",
+                       (role, schema, role, schema)).fetchone()
+    assert row is not None
+    return bool(row[0]), bool(row[1])
+
+
 def make_cron_due(app: App, name: str) -> None:
     """A CRON job enabled two days ago and due now: the engine plans its latest tick."""
     app.conn.execute("UPDATE radix.radix_system_job_state SET anchor_ns = radix.to_ns(clock_timestamp()) - %s, "
@@ -95,10 +110,15 @@ def test_import_maps_each_row_and_the_jobs_run(app: App) -> None:
     hourly = app.state("cron_import.pg_cron_3")
     assert hourly["schedule"] == "CRON '0 * * * *' TIME ZONE 'UTC'"
     assert (app.state("cron_import.paused")["enabled"], nightly["enabled"]) == (False, True)
-    assert procedures(app.conn, "cron_import") == ["every_30s", "pg_cron_3"]
+    # the pg_cron user made its jobs and its wrappers, in the importer's schema
+    assert {app.state(o.job)["owner"] for o in outcomes.values() if o.action == "created" and o.job} == {
+        app.principal}
+    assert owners(app.conn, "cron_import") == {"every_30s": app.principal, "pg_cron_3": app.principal}
     (acl,) = app.conn.execute("SELECT proacl::text[] FROM pg_proc WHERE proname = 'every_30s'").fetchone() or ()
-    assert f"{app.principal}=X/" in " ".join(acl)
-    assert not [entry for entry in acl if entry.startswith("=")]  # not PUBLIC
+    assert acl == [f"{app.principal}=X/{app.principal}"]  # not PUBLIC
+    assert app.conn.execute("SELECT nspowner::regrole::text FROM pg_namespace WHERE nspname = 'cron_import'"
+                            ).fetchone() == ("postgres",)
+    assert schema_privileges(app.conn, app.principal, "cron_import") == (True, False)  # CREATE: the import's only
 
     app.make_due("cron_import.every_30s")
     for name in ("cron_import.nightly_record", "cron_import.pg_cron_3"):  # CRON: planned by the engine
@@ -117,6 +137,7 @@ def test_dry_run_writes_nothing_and_repeat_is_idempotent(app: App) -> None:
     make_cron(app.conn, mixed_rows(app.principal))
     planned = by_id(import_pg_cron(app.conn, dry_run=True, schema="imported"))
     assert [i for i, o in planned.items() if o.action == "would create"] == [1, 2, 3, 8]
+    assert f"admitted in {app.principal}'s temporary schema: imported is missing" in planned[2].reason
     assert app.conn.execute("SELECT to_regnamespace('imported')").fetchone() == (None,)
     assert catalog.list_jobs(app.conn) == []
 
@@ -129,8 +150,13 @@ def test_dry_run_writes_nothing_and_repeat_is_idempotent(app: App) -> None:
     assert app.conn.execute("SELECT count(*) FROM radix.job_overview").fetchone() == before
     assert procedures(app.conn, "imported") == ["every_30s", "pg_cron_3"]
 
-    # a dropped job comes back; its wrapper (made by the importer) is replaced, not a conflict
+    # a dropped job leaves its wrapper, which is never reused: the import names it, until it is dropped too
     catalog.drop_job(app.conn, "imported.every_30s")
+    refused = by_id(import_pg_cron(app.conn, schema="imported"))[2]
+    assert refused.action == "refused"
+    assert refused.reason.startswith(f"routine imported.every_30s() exists, owned by role {app.principal}: ")
+    app.conn.execute("DROP PROCEDURE imported.every_30s()")
+    assert by_id(import_pg_cron(app.conn, schema="imported", dry_run=True))[2].action == "would create"
     assert by_id(import_pg_cron(app.conn, schema="imported"))[2].action == "created"
 
 
@@ -141,9 +167,12 @@ def test_other_database_imported_with_database_option(app: App) -> None:
     assert app.state("cron_import.there")["principal"] == app.principal
 
 
-def test_refused_principal_writes_nothing_for_that_job(app: App, pg: PgCluster, roles: Any) -> None:
+def test_each_job_is_created_by_its_user_or_says_why(app: App, pg: PgCluster, roles: Any,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """A non-superuser importer: its own rows on its own connection; others' on sessions logged in as them."""
     importer = roles("importer")
     stranger = roles("stranger")
+    locked = roles("locked", "NOLOGIN")
     dbname = app.conn.info.dbname
     app.conn.execute(sql.SQL("GRANT CREATE ON DATABASE {} TO {}").format(sql.Identifier(dbname),
                                                                         sql.Identifier(importer)))
@@ -151,26 +180,51 @@ def test_refused_principal_writes_nothing_for_that_job(app: App, pg: PgCluster, 
         {"schedule": "* * * * *", "command": "SELECT 1", "username": stranger, "jobname": "theirs"},
         {"schedule": "5 seconds", "command": "SELECT 2", "username": importer, "jobname": "mine"},
         {"schedule": "* * * * *", "command": "SELECT 3", "username": "no_such_role_xyz", "jobname": "ghost"},
+        {"schedule": "* * * * *", "command": "SELECT 4", "username": locked, "jobname": "locked"},
     ])
-    app.conn.execute(sql.SQL("GRANT USAGE ON SCHEMA cron TO {0}; GRANT SELECT ON cron.job TO {0}").format(
-        sql.Identifier(importer)))
-    with psycopg.connect(pg.dsn_for(dbname, user=importer), autocommit=True) as conn:
-        outcomes = by_id(import_pg_cron(conn))
-    assert [o.action for o in outcomes.values()] == ["refused", "created", "refused"]
-    assert stranger in outcomes[1].reason or "SET" in outcomes[1].reason
-    assert "no_such_role_xyz" in outcomes[3].reason
-    assert procedures(app.conn, "cron_import") == ["mine"]
-    assert [j["name"] for j in catalog.list_jobs(app.conn)] == ["cron_import.mine"]
+    app.conn.execute(sql.SQL("GRANT USAGE ON SCHEMA cron TO {0}; GRANT SELECT ON cron.job TO {0}; "
+                             "CREATE SCHEMA cron_import AUTHORIZATION {0}").format(sql.Identifier(importer)))
+    # another transaction is creating a job of the stranger's job's name: its admission waits, then gives up
+    # after its wrapper was made, which goes with it
+    monkeypatch.setenv("RADIXJOBS_LOCK_TIMEOUT", "0.5")
+    with psycopg.connect(app.dsn, autocommit=True) as blocker, blocker.transaction() as tx:
+        catalog.execute_job_ddl(blocker, f"CREATE JOB cron_import.theirs SCHEDULE EVERY INTERVAL '1 hour' "
+                                         f"RUN AS {app.principal} CALL app.record('b')")
+        with psycopg.connect(pg.dsn_for(dbname, user=importer), autocommit=True) as conn:
+            outcomes = by_id(import_pg_cron(conn))
+        raise psycopg.Rollback(tx)
+    assert [o.action for o in outcomes.values()] == ["refused", "created", "unmapped", "unmapped"]
+    assert "is being created or changed by another transaction" in outcomes[1].reason
+    assert outcomes[3].reason.startswith("cannot log in as role no_such_role_xyz: ")
+    assert 'role "no_such_role_xyz" does not exist' in outcomes[3].reason
+    assert outcomes[4].reason.startswith(f"cannot log in as role {locked}: ")
+    assert "not permitted to log in" in outcomes[4].reason
+    assert owners(app.conn, "cron_import") == {"mine": importer}
+    assert [(j["name"], j["owner"]) for j in catalog.list_jobs(app.conn)] == [("cron_import.mine", importer)]
+    # what the import granted the stranger for its attempt is taken back
+    assert schema_privileges(app.conn, stranger, "cron_import") == (False, False)
+
+    # again, unblocked: the stranger's job is made; and then seen by the stranger's session (the importer, no
+    # operator, sees only its own jobs), so a third import leaves it alone
+    for expected in (["created", "exists"], ["exists", "exists"]):
+        with psycopg.connect(pg.dsn_for(dbname, user=importer), autocommit=True) as conn:
+            outcomes = by_id(import_pg_cron(conn))
+        assert [outcomes[1].action, outcomes[2].action] == expected
+    assert [(j["name"], j["owner"]) for j in catalog.list_jobs(app.conn)] == [
+        ("cron_import.mine", importer), ("cron_import.theirs", stranger)]
+    assert schema_privileges(app.conn, stranger, "cron_import") == (True, False)
 
 
 def test_wrapper_of_someone_else_is_not_replaced(app: App) -> None:
-    app.conn.execute("CREATE SCHEMA imported; CREATE PROCEDURE imported.mine() LANGUAGE sql AS 'SELECT 1'")
+    app.conn.execute("CREATE SCHEMA imported; CREATE PROCEDURE imported.mine(n int DEFAULT 1) LANGUAGE sql "
+                     "AS 'SELECT 1'")
     make_cron(app.conn, [{"schedule": "* * * * *", "command": "SELECT 2", "username": app.principal,
                           "jobname": "mine"}])
     (outcome,) = import_pg_cron(app.conn, schema="imported")
     assert outcome.action == "refused"
-    assert "not made by the importer" in outcome.reason
+    assert outcome.reason.startswith("routine imported.mine(integer) exists, owned by role postgres: ")
     assert catalog.list_jobs(app.conn) == []
+    assert procedures(app.conn, "imported") == ["mine"]
 
 
 def test_no_cron_schema_is_one_clear_error(app: App) -> None:

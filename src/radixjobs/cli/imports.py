@@ -25,9 +25,10 @@ def import_group() -> None:
 
 
 @import_group.command("pg-cron")
-@click.option("--dry-run", is_flag=True, help="Print the plan (each job admitted, then rolled back); write nothing.")
+@click.option("--dry-run", is_flag=True, help="Print the plan (each job admitted as its user, then rolled back); "
+                                             "write nothing.")
 @click.option("--schema", default="cron_import", show_default=True, metavar="SCHEMA",
-              help="Schema of the new jobs and their wrapper procedures (created when missing).")
+              help="Schema of the new jobs and their wrapper procedures (created when missing; must be yours).")
 @click.option("--database", "cron_database", default=None, metavar="DB",
               help="Import the pg_cron jobs that run in database DB (default: the connected database).")
 @click.option("--cron-dsn", default=None, metavar="DSN",
@@ -37,7 +38,10 @@ def import_group() -> None:
 @common_options
 def import_pg_cron_command(opts: Options, dry_run: bool, schema: str, cron_database: str | None,
                            cron_dsn: str | None, timeout: str | None) -> None:
-    """Create a radixjobs job for each pg_cron job (cron.job), through the same admission as CREATE JOB."""
+    """Create a radixjobs job for each pg_cron job (cron.job), as its user's own CREATE JOB would.
+
+    Each job is created on a session logged in as the pg_cron job's user (its password from the password
+    file), so that user owns the job and its wrapper procedure."""
     from radixjobs import schedule
     from radixjobs.db import connect
     from radixjobs.errors import ScheduleError

@@ -50,14 +50,15 @@ Conn = psycopg.AsyncConnection[Any]
 SESSION_KEY = b"SELECT radix.attempt_session()"
 
 
-def principal_dsn(dsn: str, principal: str, *, connect_timeout_s: int = CONNECT_TIMEOUT_S) -> str:
+def principal_dsn(dsn: str, principal: str, *, connect_timeout_s: int = CONNECT_TIMEOUT_S,
+                  application_name: str = "radixjobs-attempt") -> str:
     """The scheduler's DSN, logged in as ``principal``: no password carried over, ``PGPASSWORD`` hidden
     (an explicit empty password), so the password file alone supplies the principal's."""
     params = conninfo_to_dict(dsn)
     params["password"] = ""
     params["user"] = principal
     params["options"] = PRINCIPAL_OPTIONS
-    params["application_name"] = "radixjobs-attempt"
+    params["application_name"] = application_name
     params["connect_timeout"] = str(connect_timeout_s)
     return make_conninfo(**params)  # type: ignore[arg-type]
 

@@ -1,58 +1,51 @@
-"""Import pg_cron's jobs (``cron.job``) as radixjobs jobs, through the same admission as CREATE JOB.
+"""Import pg_cron's jobs (``cron.job``) as radixjobs jobs, each admitted as its pg_cron user's own CREATE JOB.
 
 Invariants:
 
-- Each job is one transaction: the import schema when it is missing, the wrapper procedure (owned by the
-  importer, EXECUTE granted to the principal only), and ``radix.create_job``. A refusal at any step rolls
-  all of it back, so a refused job leaves nothing behind.
-- A dry run does the same work and rolls every transaction back: it reports what admission would refuse,
-  and writes nothing.
-- A job whose name already exists is left alone ("exists"), so importing twice creates nothing twice. A
-  procedure of the wrapper's name is replaced only when the importer made it (its COMMENT says so).
+- Reading ``cron.job``, the trust checks and planning run on the importer's connection; each job and its
+  wrapper are created on a session logged in as the row's ``username`` (pg_cron_session.py), so the job's
+  owner, its principal and the wrapper's owner are that user, and admission runs with that user's rights.
+  A user the importer cannot log in as is "unmapped", with the reason.
+- The schema is the importer's: created (owned by the importer) when missing, refused as a whole when
+  another role owns it. Each user whose job is created gets USAGE on it (kept: its job CALLs its wrapper
+  there) and CREATE for the import only (revoked at the end when the import granted it), committed before
+  the user's session looks.
+- Each job is one transaction on its user's session: a refusal rolls the wrapper and the job back together.
+- A dry run writes nothing: no schema, no grant; each job is admitted and rolled back, in the user's
+  temporary schema when the real one is not ready for that user yet.
+- A job whose name already exists, run as the row's user, is left alone ("exists"), so importing twice
+  creates nothing twice; one run as another role is a refusal naming it.
 - Rows for another database or another node are skipped, never retargeted silently.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import psycopg
 from psycopg import sql
 
-from radixjobs import catalog
 from radixjobs.errors import RadixError
 from radixjobs.imports.pg_cron_plan import (
-    MARKER,
+    Action,
     CronJobRow,
     JobPlan,
+    Outcome,
     Unmappable,
     job_names,
     map_command,
     map_schedule,
 )
-from radixjobs.model import CreateJob, QualifiedName
+from radixjobs.imports.pg_cron_session import LoginFailed, Sessions, admit, existing
+from radixjobs.model import QualifiedName
+
+__all__ = ["Outcome", "failed", "import_pg_cron", "plan", "read_cron_jobs"]
 
 Conn = psycopg.Connection[Any]
-Action = Literal["created", "would create", "exists", "skipped", "unmapped", "refused"]
 DEFAULT_SCHEMA = "cron_import"  # (a schema name may not begin with pg_)
 LOCAL_NODES = frozenset({"", "localhost", "127.0.0.1", "::1"})
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """What the import did with one pg_cron row."""
-
-    jobid: int
-    jobname: str | None
-    job: str | None
-    action: Action
-    reason: str
-
-    def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
 
 
 @dataclass(frozen=True)
@@ -145,86 +138,181 @@ def plan(row: CronJobRow, name: QualifiedName, *, database: str, port: int, time
 
 
 def import_pg_cron(conn: Conn, *, schema: str = DEFAULT_SCHEMA, database: str | None = None,
-                   dry_run: bool = False, source: Conn | None = None,
-                   timeout_ms: int | None = None) -> list[Outcome]:
+                   dry_run: bool = False, source: Conn | None = None, timeout_ms: int | None = None,
+                   dsn: str | None = None) -> list[Outcome]:
     """Import every visible ``cron.job`` row into ``schema`` of the connected database, job by job.
 
     ``database``: import the rows of this pg_cron database (default: the connected one). ``source``: read
     ``cron.job`` there (default: ``conn``). ``timeout_ms``: each job's timeout (default: radixjobs').
+    ``dsn``: where the users' sessions log in (default: ``conn``'s parameters; its password is never used).
     """
+    if not conn.autocommit:
+        raise RadixError("the import needs an autocommit connection: the schema and grants commit before the "
+                         "users' sessions look, and each job is its own transaction")
     src = read_cron_jobs(source or conn)
     if database is None:
-        row = conn.execute("SELECT pg_catalog.current_database()").fetchone()
+        row = conn.execute("SELECT pg_catalog.current_database()::pg_catalog.text").fetchone()
         assert row is not None
         database = str(row[0])
     names = job_names(src.rows)
-    outcomes = []
-    for row in src.rows:
-        planned = plan(row, QualifiedName(schema, names[row.jobid]), database=database, port=src.port,
-                       time_zone=src.time_zone)
-        outcomes.append(planned if isinstance(planned, Outcome)
-                        else apply(conn, planned, dry_run=dry_run, timeout_ms=timeout_ms))
-    return outcomes
+    results: dict[int, Outcome | JobPlan] = {
+        row.jobid: plan(row, QualifiedName(schema, names[row.jobid]), database=database, port=src.port,
+                        time_zone=src.time_zone)
+        for row in src.rows}
+    for job in _planned(results):
+        results[job.row.jobid] = existing(conn, job) or job
+    if _planned(results):
+        _create_all(conn, _planned(results), results, schema=schema, dry_run=dry_run, timeout_ms=timeout_ms,
+                    dsn=dsn or conn.info.dsn)
+    return _outcomes(results)
 
 
-def apply(conn: Conn, job: JobPlan, *, dry_run: bool, timeout_ms: int | None) -> Outcome:
-    """Create one planned job (and its wrapper) in one transaction; rolled back on refusal or dry run."""
-    row = job.row
+def _create_all(conn: Conn, jobs: list[JobPlan], results: dict[int, Outcome | JobPlan], *, schema: str,
+                dry_run: bool, timeout_ms: int | None, dsn: str) -> None:
+    """Log in as each job's user, make the schema ready (not in a dry run), then admit each job."""
+    exists = _schema_is_yours(conn, schema)
+    jobs = sorted(jobs, key=lambda j: (j.principal, j.row.jobid))  # user by user: one session at a time
+    with Sessions(conn, dsn) as sessions:
+        users: set[str] = set()
+        for job in jobs:
+            try:
+                sessions.get(job.principal)
+                users.add(job.principal)
+            except LoginFailed as exc:
+                results[job.row.jobid] = job.outcome("unmapped", str(exc))
+        if not users:
+            return
+        granted = Granted((), ())
+        if not dry_run:
+            if not exists:
+                _create_schema(conn, schema)
+            granted = _grant(conn, schema, sorted(users))
+        creators: set[str] = set()
+        try:
+            # a dry run admits in the real schema only where the user may already create; an import always
+            ready = {user: not dry_run or (exists and _may_create(conn, schema, user)) for user in users}
+            for job in jobs:
+                if job.principal not in users:
+                    continue
+                outcome = _create(conn, sessions, job, ready=ready[job.principal], dry_run=dry_run,
+                                  timeout_ms=timeout_ms)
+                results[job.row.jobid] = outcome
+                if outcome.action == "created":
+                    creators.add(job.principal)
+        finally:
+            _revoke(conn, schema, granted, creators)
 
-    def outcome(action: Action, reason: str) -> Outcome:
-        return Outcome(row.jobid, row.jobname, str(job.name), action, reason)
 
-    if catalog.get_job(conn, job.name) is not None:
-        return outcome("exists", "a job of this name exists; left as it is")
-    stmt = CreateJob(job.name, job.schedule, job.principal, job.procedure, job.command.arguments,
-                     enabled=row.active)
+def _planned(results: dict[int, Outcome | JobPlan]) -> list[JobPlan]:
+    return [p for p in results.values() if isinstance(p, JobPlan)]
+
+
+def _outcomes(results: dict[int, Outcome | JobPlan]) -> list[Outcome]:
+    out = [r for r in results.values() if isinstance(r, Outcome)]
+    assert len(out) == len(results)
+    return out
+
+
+def _schema_is_yours(conn: Conn, schema: str) -> bool:
+    """True when ``schema`` exists, False when it is missing; RadixError when another role owns it (it
+    could hold objects the import would meet: a procedure named like a wrapper)."""
+    row = conn.execute("SELECT pg_catalog.pg_get_userbyid(n.nspowner)::pg_catalog.text, "
+                       "n.nspowner OPERATOR(pg_catalog.=) (SELECT r.oid FROM pg_catalog.pg_roles r "
+                       "WHERE r.rolname OPERATOR(pg_catalog.=) CURRENT_USER) "
+                       "FROM pg_catalog.pg_namespace n WHERE n.nspname OPERATOR(pg_catalog.=) %s::pg_catalog.name",
+                       (schema,)).fetchone()
+    if row is None:
+        return False
+    owner, yours = row
+    if not yours:
+        raise RadixError(f"schema {schema} exists and is owned by role {owner}, not by you: the import creates "
+                         "its jobs and wrappers only in a schema it made or you own, so that no other role's "
+                         "objects are in the way; pass another --schema (or, once you trust what is in it, "
+                         "ALTER SCHEMA … OWNER TO you)")
+    return True
+
+
+def _create_schema(conn: Conn, schema: str) -> None:
     try:
-        with conn.transaction() as tx:
-            _ensure_schema(conn, job.name.schema)
-            if job.command.body is not None:
-                _create_wrapper(conn, job)
-            catalog.create_job(conn, stmt, deadline_ms=timeout_ms)
-            if dry_run:
-                raise psycopg.Rollback(tx)
+        with conn.transaction():
+            conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
+    except psycopg.Error as exc:
+        if conn.broken:
+            raise
+        raise RadixError(f"cannot create schema {schema}: {_message(exc)}") from None
+
+
+PRIVILEGES = ("SELECT pg_catalog.has_schema_privilege(%s::pg_catalog.text, %s::pg_catalog.text, "
+              "'USAGE'::pg_catalog.text), pg_catalog.has_schema_privilege(%s::pg_catalog.text, "
+              "%s::pg_catalog.text, 'CREATE'::pg_catalog.text)")
+
+
+def _may_create(conn: Conn, schema: str, user: str) -> bool:
+    """May ``user`` create its wrapper and its job in ``schema``, and call them (USAGE and CREATE)?"""
+    row = conn.execute(PRIVILEGES, (user, schema, user, schema)).fetchone()
+    return bool(row and row[0] and row[1])
+
+
+@dataclass(frozen=True)
+class Granted:
+    """The privileges on the schema this import granted (and so may take back)."""
+
+    usage: tuple[str, ...]
+    create: tuple[str, ...]
+
+
+def _grant(conn: Conn, schema: str, users: Sequence[str]) -> Granted:
+    """USAGE and CREATE on ``schema`` to each user lacking them, committed before the users' sessions look."""
+    usage, create = [], []
+    target = sql.Identifier(schema)
+    with conn.transaction():
+        for user in users:
+            row = conn.execute(PRIVILEGES, (user, schema, user, schema)).fetchone()
+            assert row is not None
+            if not row[0]:
+                conn.execute(sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(target, sql.Identifier(user)))
+                usage.append(user)
+            if not row[1]:
+                conn.execute(sql.SQL("GRANT CREATE ON SCHEMA {} TO {}").format(target, sql.Identifier(user)))
+                create.append(user)
+    return Granted(tuple(usage), tuple(create))
+
+
+def _revoke(conn: Conn, schema: str, granted: Granted, creators: set[str]) -> None:
+    """Take back what the import granted, except USAGE from the users it created a job for: their jobs
+    CALL their wrappers in ``schema``."""
+    revoke = [("CREATE", user) for user in granted.create]
+    revoke += [("USAGE", user) for user in granted.usage if user not in creators]
+    if not revoke or conn.broken:
+        return
+    with conn.transaction():
+        for privilege, user in revoke:
+            conn.execute(sql.SQL("REVOKE {} ON SCHEMA {} FROM {}").format(
+                sql.SQL(privilege), sql.Identifier(schema), sql.Identifier(user)))
+
+
+def _create(conn: Conn, sessions: Sessions, job: JobPlan, *, ready: bool, dry_run: bool,
+            timeout_ms: int | None) -> Outcome:
+    """Admit one planned job on its user's session; the outcome says what became of it."""
+    try:
+        session = sessions.get(job.principal)
+    except LoginFailed as exc:  # logged in before, but not now
+        return job.outcome("unmapped", str(exc))
+    try:
+        taken = admit(session, job, ready=ready, dry_run=dry_run, timeout_ms=timeout_ms)
+        if taken is not None:
+            return taken
     except (RadixError, psycopg.Error) as exc:
         if conn.broken:
-            raise  # the connection is gone: no later job could be imported either
-        return outcome("refused", _message(exc))
-    state = "" if row.active else " (disabled, as in pg_cron)"
-    return outcome("would create" if dry_run else "created", job.describe() + state)
-
-
-def _ensure_schema(conn: Conn, schema: str) -> None:
-    """CREATE SCHEMA only when it is missing (IF NOT EXISTS still needs CREATE on the database)."""
-    row = conn.execute("SELECT pg_catalog.to_regnamespace(%s::pg_catalog.text) IS NULL",
-                       (str(sql.Identifier(schema).as_string(conn)),)).fetchone()
-    if row and row[0]:
-        conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
-
-
-def _create_wrapper(conn: Conn, job: JobPlan) -> None:
-    """The command as ``schema.name()``, runnable by the principal alone (and the importer, its owner)."""
-    signature = sql.SQL("{}.{}()").format(sql.Identifier(job.name.schema), sql.Identifier(job.name.name))
-    found = conn.execute("SELECT pg_catalog.obj_description(p, 'pg_proc') FROM "
-                         "pg_catalog.to_regprocedure(%s::pg_catalog.text) AS p WHERE p IS NOT NULL",
-                         (signature.as_string(conn),)).fetchone()
-    if found is not None and not str(found[0] or "").startswith(MARKER):
-        raise RadixError(f"procedure {job.name}() exists and was not made by the importer: drop it, or "
-                         "import into another --schema")
-    replace = sql.SQL("OR REPLACE ") if found is not None else sql.SQL("")
-    assert job.command.body is not None
-    conn.execute(sql.SQL("CREATE {}PROCEDURE {} LANGUAGE plpgsql AS {}").format(
-        replace, signature, sql.Literal(job.command.body)))
-    origin = f"{MARKER} {job.row.jobid}" + (f" ({job.row.jobname})" if job.row.jobname else "")
-    principal = sql.Identifier(job.principal)
-    conn.execute(sql.SQL("COMMENT ON PROCEDURE {} IS {}").format(signature, sql.Literal(origin)))
-    conn.execute(sql.SQL("REVOKE ALL ON PROCEDURE {} FROM PUBLIC").format(signature))
-    conn.execute(sql.SQL("GRANT EXECUTE ON PROCEDURE {} TO {}").format(signature, principal))
-    usage = conn.execute("SELECT pg_catalog.has_schema_privilege(%s::pg_catalog.text, %s::pg_catalog.text, "
-                         "'USAGE'::pg_catalog.text)", (job.principal, job.name.schema)).fetchone()
-    if not (usage and usage[0]):
-        conn.execute(sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(sql.Identifier(job.name.schema),
-                                                                       principal))
+            raise  # the importer's connection is gone: no later job could be imported either
+        if session.broken or session.closed:
+            sessions.close()
+        return job.outcome("refused", _message(exc))
+    state = "" if job.row.active else " (disabled, as in pg_cron)"
+    if dry_run and not ready:
+        state += (f" (admitted in {job.principal}'s temporary schema: {job.name.schema} is missing or not open "
+                  f"to {job.principal} yet, and the import makes it so)")
+    return job.outcome("would create" if dry_run else "created", job.describe() + state)
 
 
 def _message(exc: Exception) -> str:

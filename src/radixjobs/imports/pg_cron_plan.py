@@ -15,11 +15,12 @@ Invariants:
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from pglast import ast, parse_sql
 from pglast.enums.parsenodes import AlterTableType, ReindexObjectType, TransactionStmtKind
@@ -33,7 +34,7 @@ from radixjobs.model import CallArgument, CreateJob, CronSchedule, EverySchedule
 
 NS_PER_SECOND = 1_000_000_000
 MAX_NAME_BYTES = 63
-MARKER = "radixjobs: imported from pg_cron job"  # the COMMENT of every procedure the importer made
+Action = Literal["created", "would create", "exists", "skipped", "unmapped", "refused"]
 
 
 class Unmappable(Exception):
@@ -65,6 +66,20 @@ class CronJobRow:
 
 
 @dataclass(frozen=True)
+class Outcome:
+    """What the import did with one pg_cron row."""
+
+    jobid: int
+    jobname: str | None
+    job: str | None
+    action: Action
+    reason: str
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
 class CommandPlan:
     """How the command runs: a direct CALL (``procedure`` and ``arguments``) or a wrapper ``body``."""
 
@@ -84,9 +99,8 @@ class JobPlan:
     principal: str
     command: CommandPlan
 
-    @property
-    def procedure(self) -> QualifiedName:
-        return self.command.procedure or self.name
+    def outcome(self, action: Action, reason: str) -> Outcome:
+        return Outcome(self.row.jobid, self.row.jobname, str(self.name), action, reason)
 
     def describe(self) -> str:
         """The schedule and what the job will CALL, in one line."""
