@@ -123,3 +123,18 @@ def external_pg() -> Iterator[Any]:
         pytest.skip("no distribution PostgreSQL installed (/usr/lib/postgresql/*/bin/initdb): "
                     "apt-get install postgresql")
     yield from external_cluster()
+
+
+@pytest.fixture
+def ext(external_pg: Any) -> Iterator[Any]:
+    """A fresh database of the external cluster, the radix schema installed by the scheduler role itself."""
+    from tests.acceptance.conftest import run_cli
+    from tests.external import drop_database, new_database
+
+    db = new_database(external_pg)
+    done = run_cli("install", "--dsn", db.dsn())
+    assert done.returncode == 0, done.stderr
+    try:
+        yield db
+    finally:
+        drop_database(db)

@@ -9,30 +9,16 @@ from __future__ import annotations
 
 import json
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
 from psycopg import sql
 
 from tests.acceptance.conftest import run_cli
 from tests.acceptance.serving import Serve
 from tests.apps import App, make_app
-from tests.external import SCHEDULER, ExternalCluster, ExternalDb, drop_database, new_database
+from tests.external import SCHEDULER, ExternalDb
 from tests.support import wait_for
-
-
-@pytest.fixture
-def ext(external_pg: ExternalCluster) -> Iterator[ExternalDb]:
-    """A fresh database with the radix schema installed by the scheduler role itself."""
-    db = new_database(external_pg)
-    done = run_cli("install", "--dsn", db.dsn())
-    assert done.returncode == 0, done.stderr
-    try:
-        yield db
-    finally:
-        drop_database(db)
 
 
 def radix(db: ExternalDb, *args: str, dsn_extra: str = "") -> subprocess.CompletedProcess[str]:

@@ -9,27 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
 
 import psycopg
 import pytest
 from psycopg import sql
 
 from radixjobs.engine.principals import principal_dsn
-from tests.acceptance.conftest import run_cli
 from tests.acceptance.test_external_cluster import effects, history, job, radix
-from tests.external import SCHEDULER, ExternalCluster, ExternalDb, drop_database, new_database
-
-
-@pytest.fixture
-def ext(external_pg: ExternalCluster) -> Iterator[ExternalDb]:
-    db = new_database(external_pg)
-    done = run_cli("install", "--dsn", db.dsn())
-    assert done.returncode == 0, done.stderr
-    try:
-        yield db
-    finally:
-        drop_database(db)
+from tests.external import SCHEDULER, ExternalDb
 
 
 def same_password_principal(db: ExternalDb) -> str:

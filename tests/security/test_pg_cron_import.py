@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-from collections.abc import Iterator
 from typing import Any
 
 import psycopg
@@ -21,7 +20,7 @@ from radixjobs import catalog
 from radixjobs.imports import import_pg_cron, pg_cron_session
 from tests.acceptance.conftest import run_cli
 from tests.apps import App
-from tests.external import SUPERUSER, ExternalCluster, ExternalDb, drop_database, new_database
+from tests.external import SUPERUSER, ExternalDb
 from tests.integration.test_pg_cron_import import by_id, make_cron, owners, schema_privileges
 from tests.support import wait_for
 
@@ -210,16 +209,6 @@ def test_a_conversion_that_never_ends_cannot_hold_the_import(app: App, roles: An
 
 # -- the password file -------------------------------------------------------------------------------------
 
-
-@pytest.fixture
-def ext(external_pg: ExternalCluster) -> Iterator[ExternalDb]:
-    db = new_database(external_pg)
-    done = run_cli("install", "--dsn", db.dsn())
-    assert done.returncode == 0, done.stderr
-    try:
-        yield db
-    finally:
-        drop_database(db)
 
 
 def test_the_importers_password_never_logs_a_pg_cron_user_in(ext: ExternalDb) -> None:
