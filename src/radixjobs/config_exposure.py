@@ -16,7 +16,6 @@ Invariants:
 
 from __future__ import annotations
 
-import grp
 import os
 import re
 import stat
@@ -121,6 +120,8 @@ def _instead(secrets: Mapping[str, Secret], options: Mapping[str, click.Option])
 
 
 def _group_name(gid: int) -> str:
+    import grp  # POSIX only, as judge()
+
     try:
         return grp.getgrgid(gid).gr_name
     except KeyError:
