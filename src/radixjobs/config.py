@@ -1,15 +1,20 @@
-"""Where to connect: ``--dsn`` / ``RADIXJOBS_DSN``, else libpq ``PG*`` variables, else the embedded server."""
+"""Where to connect: ``--dsn`` / ``RADIXJOBS_DSN``, else libpq ``PG*`` variables, else the embedded server.
+
+An invalid DSN is one line; when the DSN carries a password, the text libpq quotes from it is left out.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import psycopg
 
+from radixjobs.config_exposure import holds_password
 from radixjobs.embedded import EmbeddedServer
 from radixjobs.errors import ConfigError
 
@@ -25,7 +30,10 @@ def resolve_dsn(dsn: str | None = None) -> str | None:
         try:
             psycopg.conninfo.conninfo_to_dict(dsn)
         except psycopg.ProgrammingError as exc:
-            raise ConfigError(f"invalid DSN: {str(exc).splitlines()[0]}") from None
+            message = str(exc).splitlines()[0]
+            if holds_password(dsn):  # libpq quotes the text it stopped at: a piece of the password, maybe
+                message = re.sub(r'"[^"]*"', lambda m: m[0] if m[0] == '"="' else '"…"', message)
+            raise ConfigError(f"invalid DSN: {message}") from None
         return dsn
     if any(os.environ.get(name) for name in LIBPQ_VARIABLES):
         return ""

@@ -8,23 +8,30 @@ Invariants:
   (``radixjobs --dsn X serve``) counts as command line too.
 - Every problem is one line naming the file and the key (or the TOML line): unknown keys, wrong types, values
   out of range, unreadable files, invalid TOML. Nothing is applied from a file with a problem.
+- A file that holds a secret (a DSN's password, the console token) is refused when every user may read it and
+  warned about when its group may (radixjobs.config_exposure); the warning is kept in ``ctx.meta`` for the
+  caller to log, at start and on every reload, since logging is set up after the options are parsed.
 - A repeatable flag's key takes a list or one value (``serve``'s ``dsn = ["…", "…"]``: several clusters). A
   single-valued key also takes a one-element list; more elements are refused.
 """
 
 from __future__ import annotations
 
+import os
 import tomllib
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
 import click
 from click.core import ParameterSource
 
+from radixjobs.config_exposure import judge
+
 F = TypeVar("F", bound=Callable[..., Any])
 
-CONFIG_META = "radixjobs.config"  # ctx.meta key: {"path": Path, "values": {param name: value}}
+CONFIG_META = "radixjobs.config"  # ctx.meta key: the Loaded file
 ARGS_META = "radixjobs.args"  # ctx.meta key: the command's own arguments (to parse them again on reload)
 NOT_IN_FILE = frozenset({"config", "help"})
 
@@ -102,10 +109,21 @@ def _toml_type(value: Any) -> str:
     return type(value).__name__
 
 
-def load(ctx: click.Context, command: click.Command, path: Path) -> dict[str, Any]:
-    """Read and validate ``path`` for ``command``: ``{param name: value}``."""
+@dataclass(frozen=True)
+class Loaded:
+    """A configuration file read and validated: ``{param name: value}``, and what to warn about it."""
+
+    path: Path
+    values: dict[str, Any]
+    warning: str | None = None
+
+
+def load(ctx: click.Context, command: click.Command, path: Path) -> Loaded:
+    """Read and validate ``path`` for ``command``."""
     try:
-        text = path.read_bytes().decode("utf-8")
+        with path.open("rb") as file:
+            status = os.fstat(file.fileno())  # the mode of the file read, not of a later one by that name
+            text = file.read().decode("utf-8")
     except OSError as exc:
         raise ConfigFileError(f"config file {path}: cannot read it: {exc.strerror or exc}") from None
     except UnicodeDecodeError:
@@ -115,6 +133,9 @@ def load(ctx: click.Context, command: click.Command, path: Path) -> dict[str, An
     except tomllib.TOMLDecodeError as exc:
         raise ConfigFileError(f"config file {path}: invalid TOML: {exc}") from None
     known = keys_of(command)
+    exposure = judge(path, status, document, known)
+    if exposure is not None and exposure.refused:
+        raise ConfigFileError(exposure.message)
     values: dict[str, Any] = {}
     for key, value in document.items():
         param = known.get(key)
@@ -125,16 +146,22 @@ def load(ctx: click.Context, command: click.Command, path: Path) -> dict[str, An
                                   f"flags of `{ctx.command_path}` without the dashes")
         assert param.name is not None
         values[param.name] = _check(ctx, path, key, param, value)
-    return values
+    return Loaded(path, values, exposure.message if exposure is not None else None)
 
 
 def _load_callback(ctx: click.Context, _: click.Parameter, value: Path | None) -> Path | None:
     """Eager: runs before every other option, so the file's values are in place when they are resolved."""
     if value is not None:
-        values = load(ctx, ctx.command, value)
-        ctx.meta[CONFIG_META] = {"path": value, "values": values}
-        ctx.default_map = {**(ctx.default_map or {}), **values}
+        loaded = load(ctx, ctx.command, value)
+        ctx.meta[CONFIG_META] = loaded
+        ctx.default_map = {**(ctx.default_map or {}), **loaded.values}
     return value
+
+
+def config_warning(ctx: click.Context) -> str | None:
+    """The warning about the configuration file last read for ``ctx`` (group-readable with a secret), if any."""
+    loaded = ctx.meta.get(CONFIG_META)
+    return loaded.warning if isinstance(loaded, Loaded) else None
 
 
 def config_option(func: F) -> F:
@@ -156,7 +183,7 @@ class ConfigFileCommand(click.Command):
         loaded = ctx.meta.get(CONFIG_META)
         if loaded is None:
             return rest
-        for name, value in loaded["values"].items():
+        for name, value in loaded.values.items():
             source = ctx.get_parameter_source(name)
             parent = ctx.parent
             if (parent is not None and name in parent.params
@@ -169,9 +196,10 @@ class ConfigFileCommand(click.Command):
                 ctx.set_parameter_source(name, ParameterSource.DEFAULT_MAP)
         return rest
 
-    def reparse(self, ctx: click.Context) -> dict[str, Any]:
-        """The parameters again from the same arguments (the file read anew): for a reload.
+    def reparse(self, ctx: click.Context) -> tuple[dict[str, Any], str | None]:
+        """The parameters again from the same arguments (the file read anew), and the file's warning: for a
+        reload.
 
         Raises click.ClickException (ConfigFileError included) for a problem; nothing is applied then."""
         again = self.make_context(ctx.info_name, list(ctx.meta.get(ARGS_META, [])), parent=ctx.parent)
-        return dict(again.params)
+        return dict(again.params), config_warning(again)

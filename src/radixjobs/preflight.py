@@ -8,7 +8,10 @@ sees it, the password file's path, the server's major version) — never the ser
 security failure, so a report holds no more than the operator's own configuration.
 
 The principals are read on the scheduler's own pinned connection (lock waits bounded, connect bounded);
-logins run a few at a time, each bounded by its connect timeout.
+logins run a few at a time, each bounded by its connect timeout. A role that may not read the scheduler's
+tables (neither the scheduler nor a superuser: a tenant, a ``radix_admin`` member) is refused before any
+login, in one line naming it and the scheduler role: a check of only the principals a role may see would
+call "all can log in" what is a part of the daemon's logins.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from psycopg.conninfo import conninfo_to_dict
 from radixjobs import retry
 from radixjobs.db import abound_lock_waits, first_line, scheduler_dsn
 from radixjobs.engine.principals import principal_dsn
+from radixjobs.errors import RadixError
 
 log = logging.getLogger("radixjobs.server")
 
@@ -46,14 +50,32 @@ FROM (SELECT j.principal_name AS principal,
       FROM radix.cron_table d WHERE d.status OPERATOR(pg_catalog.=) 'CRON_TABLE_ACTIVE') u
 GROUP BY u.principal ORDER BY 1
 """
-# Where this node's logins come from, as the server sees them, and the scheduler's own grants.
+# Where this node's logins come from, as the server sees them, and the scheduler's own grants; whether this
+# role may read what PRINCIPALS reads, and which role owns the radix schema (the one the daemon connects as).
 CONTEXT = """
 SELECT pg_catalog.host(pg_catalog.inet_client_addr()), pg_catalog.current_database()::pg_catalog.text,
        pg_catalog.current_setting('server_version_num')::pg_catalog.int4 / 10000,
        SESSION_USER::pg_catalog.text,
        pg_catalog.pg_has_role(SESSION_USER, 'pg_signal_backend', 'USAGE'),
-       pg_catalog.pg_has_role(SESSION_USER, 'pg_read_all_stats', 'USAGE')
+       pg_catalog.pg_has_role(SESSION_USER, 'pg_read_all_stats', 'USAGE'),
+       CURRENT_USER::pg_catalog.text,
+       (SELECT pg_catalog.pg_get_userbyid(n.nspowner)::pg_catalog.text FROM pg_catalog.pg_namespace n
+        WHERE n.nspname OPERATOR(pg_catalog.=) 'radix'::pg_catalog.name),
+       pg_catalog.has_table_privilege('radix.jobs'::pg_catalog.text, 'SELECT'::pg_catalog.text)
+       AND pg_catalog.has_table_privilege('radix.cron_table'::pg_catalog.text, 'SELECT'::pg_catalog.text)
 """
+
+
+class NotTheScheduler(RadixError):
+    """The role checking may not read the scheduler's own tables (it is neither the scheduler nor a superuser)."""
+
+    code = "42501"
+
+    def __init__(self, role: str, scheduler: str | None):
+        super().__init__(
+            f"check reads the scheduler's own tables: connect as the scheduler role {scheduler or '?'} (the "
+            f"owner of the radix schema, as the daemon does) or a superuser, not {role}, which may not read "
+            "radix.jobs; run it with the daemon's DSN, on the daemon's node as its OS user (docs/external.md)")
 
 
 @dataclass(frozen=True)
@@ -126,10 +148,12 @@ async def _context(dsn: str) -> tuple[Context, list[tuple[str, list[str]]]]:
         await abound_lock_waits(conn)
         cur = await conn.execute(CONTEXT)
         row = await cur.fetchone()
+        assert row is not None
+        if not row[8]:
+            raise NotTheScheduler(row[6], row[7])
         cur = await conn.execute(PRINCIPALS)
         principals = [(str(r[0]), list(r[1])) for r in await cur.fetchall()]
         host, port = conn.info.host, str(conn.info.port)
-    assert row is not None
     ctx = Context(row[0], row[1], int(row[2]), row[3], bool(row[4]), bool(row[5]),
                   "*" if host.startswith("/") else host, port, _passfile(dsn), getpass.getuser())
     return ctx, principals
@@ -161,7 +185,7 @@ async def log_principal_checks(name: str, dsn: str) -> None:
     """``serve``'s start, once per database: a line per principal that cannot log in, or one that all can."""
     try:
         _, checks = await check_principals(dsn)
-    except (psycopg.Error, OSError) as exc:  # the owner reports the database itself
+    except (psycopg.Error, OSError, NotTheScheduler) as exc:  # the owner reports the database itself
         log.warning("principal check skipped db=%s error=%s", name, retry.truncate(first_line(exc), 200))
         return
     failed = [c for c in checks if not c.ok]

@@ -122,7 +122,7 @@ def test_the_shipped_example_is_valid() -> None:
     serve_command = cli.commands["serve"]
     example = Path(__file__).resolve().parents[2] / "contrib" / "radixjobs.toml"
     with click.Context(serve_command, info_name="serve") as ctx:
-        values = load(ctx, serve_command, example)
+        values = load(ctx, serve_command, example).values
     assert values["dsn"] == ("host=/run/postgresql dbname=app user=radixjobs",)  # serve: one or several
     assert values["services"] == ()
     assert values["log_format"] == "json"
@@ -137,7 +137,7 @@ def test_the_documented_example_is_valid(tmp_path: Path) -> None:
     path.write_text(example, encoding="utf-8")
     serve_command = cli.commands["serve"]
     with click.Context(serve_command, info_name="serve") as ctx:
-        values = load(ctx, serve_command, path)
+        values = load(ctx, serve_command, path).values
     # every flag of this version (flags added later should join the example)
     assert {"dsn", "all_databases", "http", "http_max_connections", "http_request_timeout", "node_id",
             "concurrency", "per_database_concurrency", "max_per_principal", "grace", "poll", "discovery_interval",

@@ -1,7 +1,8 @@
 """``radixjobs check``: can every principal of an enabled job or active document log in from this node?
 
 Logs in as each principal exactly as the engine would (radixjobs.preflight) and says per principal what
-to fix. Exit code 0 when all can log in, 1 when one cannot (and on any error, as every command).
+to fix. Exit code 0 when all can log in, 1 when one cannot (and on any error, as every command: connecting
+as a role that is not the scheduler is one, a single line naming both roles, before any login).
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from radixjobs.cli.common import (
     tick_batch_option,
 )
 from radixjobs.config import Target, open_target, resolve_dsn
-from radixjobs.config_file import ConfigFileCommand, config_option
+from radixjobs.config_file import ConfigFileCommand, config_option, config_warning
 from radixjobs.db import connect
 from radixjobs.errors import ConnectError
 
@@ -85,7 +85,7 @@ def serve_command(opts: Options, http: str, http_max_connections: int | None, ht
     from radixjobs.server import Daemon, DaemonConfig
     from radixjobs.server.http import parse_http
     from radixjobs.server.logs import configure
-    from radixjobs.server.reload import parse_services, serve_reloader
+    from radixjobs.server.reload import log_config_warning, parse_services, serve_reloader
 
     try:
         address = parse_http(http)
@@ -94,6 +94,7 @@ def serve_command(opts: Options, http: str, http_max_connections: int | None, ht
     allowed = parse_services(services)
     loop_factory = _loop_factory(event_loop)
     configure(logging.DEBUG if logging.getLogger().isEnabledFor(logging.DEBUG) else logging.INFO, log_format)
+    log_config_warning(config_warning(click.get_current_context()))
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # a reload before the daemon runs must not end it
     from radixjobs.server.clusters import check_targets
 

@@ -8,6 +8,9 @@ Invariants:
 - Applied live: ``poll``, ``discovery-interval``, ``grace`` and the CSP services (``service`` and the
   ``radixjobs.services`` entry points, looked up again). Running attempts and service calls are never touched:
   a call started before the reload finishes with the service it started with.
+- A configuration file that holds a secret is refused when every user may read it (a reload that fails) and
+  warned about on every reload when its group may (radixjobs.config_exposure); the warning names keys, never
+  values.
 - Every other changed key is logged as "needs restart" (keys only: values, a DSN's password for one, are not
   logged) and keeps its running value, so the next reload says so again until a restart.
 """
@@ -67,6 +70,12 @@ def apply_live(daemon: Daemon, params: dict[str, Any], before: set[str]) -> tupl
     return after, changes
 
 
+def log_config_warning(warning: str | None) -> None:
+    """The configuration file's warning (secrets its group may read), at start and on every reload."""
+    if warning is not None:
+        log.warning("%s", warning, extra={"fields": {"event": "config_file_exposed"}})
+
+
 def serve_reloader(ctx: click.Context, daemon: Daemon) -> Callable[[], Coroutine[Any, Any, None]]:
     """The daemon's SIGHUP action for the ``serve`` command of ``ctx``."""
     command = ctx.command
@@ -77,12 +86,13 @@ def serve_reloader(ctx: click.Context, daemon: Daemon) -> Callable[[], Coroutine
 
     async def reload() -> None:
         try:
-            fresh = command.reparse(ctx)
+            fresh, warning = command.reparse(ctx)
             parse_services(fresh.get("services", ()))
         except click.ClickException as exc:
             log.error("reload failed, the configuration is unchanged: %s", exc.format_message(),
                       extra={"fields": {"event": "reload_failed"}})
             return
+        log_config_warning(warning)
         changed = sorted(name for name in fresh if fresh[name] != current.get(name))
         applied = [name for name in changed if name in LIVE]
         restart = [name for name in changed if name not in LIVE]
