@@ -158,18 +158,6 @@ def test_postgres_login_refuses_a_server_without_passwords(app: App, tmp_path: P
     assert "Traceback" not in proc.stderr
 
 
-@pytest.fixture
-def password_cluster(tmp_path: Path) -> Iterator[tuple[EmbeddedServer, str]]:
-    """A cluster of its own that checks passwords (scram) on its socket; returns it and its superuser DSN."""
-    server = EmbeddedServer(tmp_path / "pwpg", settings={"fsync": "off", "synchronous_commit": "off"})
-    info, _ = server.ensure_running(persistent=True)
-    try:
-        yield server, info.dsn()
-    finally:
-        server.release()
-        server.destroy()
-
-
 def _login(url: str, role: str, password: str, expect: int = 303) -> str:
     """Log in and return the session cookie; the page's error is in the message when the status is not ``expect``."""
     status, headers, body = request(url + "/login", "POST", {"Content-Type": "application/x-www-form-urlencoded"},
