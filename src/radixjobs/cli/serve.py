@@ -195,14 +195,14 @@ async def _serve(daemon: Any, http_host: str, sockets: list[socket.socket], demo
                  max_connections: int | None, request_timeout_s: float, auth: Any, hosts: AllowedHosts | None
                  ) -> None:
     from radixjobs.server.connections import raise_nofile_limit
-    from radixjobs.server.http import http_limits, start_http
+    from radixjobs.server.http import host_port, http_limits, start_http
 
     daemon.install_signal_handlers()
     http_server = None
     if sockets:
         limits = http_limits(daemon, max_connections, request_timeout_s)
         http_server, http_task, port = await start_http(daemon, sockets, limits, auth, hosts)
-        base = f"http://[{http_host}]:{port}" if ":" in http_host else f"http://{http_host}:{port}"
+        base = f"http://{host_port(http_host, port)}"
         logging.getLogger("radixjobs.server").info(
             "status %s/status metrics %s/metrics health %s/healthz node=%s http_max_connections=%s "
             "http_request_timeout_s=%s http_allowed_hosts=%s", base, base, base, daemon.config.node_id,

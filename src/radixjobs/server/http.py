@@ -160,7 +160,7 @@ def listen(host: str, port: int) -> list[socket.socket]:
     try:
         found = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except OSError as exc:
-        raise ConfigError(f"cannot listen on {_shown(host, port)} (--http): {exc.strerror or exc}") from None
+        raise ConfigError(f"cannot listen on {host_port(host, port)} (--http): {exc.strerror or exc}") from None
     sockets: list[socket.socket] = []
     try:
         for family, _, _, _, address in dict.fromkeys(found):
@@ -171,11 +171,12 @@ def listen(host: str, port: int) -> list[socket.socket]:
             sock.close()
         reason = "the address is already in use (another radixjobs serve?)" if exc.errno == errno.EADDRINUSE \
             else (os.strerror(exc.errno) if exc.errno else str(exc)).lower()
-        raise ConfigError(f"cannot listen on {_shown(host, port)} (--http): {reason}") from None
+        raise ConfigError(f"cannot listen on {host_port(host, port)} (--http): {reason}") from None
     return sockets
 
 
-def _shown(host: str, port: int) -> str:
+def host_port(host: str, port: int) -> str:
+    """``host:port``, an IPv6 address in brackets."""
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
