@@ -30,7 +30,7 @@ from starlette.requests import Request
 
 from radixjobs.db import first_line, scheduler_dsn
 from radixjobs.errors import ConfigError
-from radixjobs.server.console.throttle import LoginThrottle, client_key
+from radixjobs.server.console.throttle import LoginThrottle, client_key, retry_after
 
 log = logging.getLogger("radixjobs.server.console")
 
@@ -59,7 +59,7 @@ class LoginThrottled(Exception):
     """A credential check refused by the login throttle: ``wait_s`` seconds to wait."""
 
     def __init__(self, wait_s: float):
-        super().__init__(f"too many failed logins: try again in {wait_s:.0f} s")
+        super().__init__(f"too many failed logins: try again in {retry_after(wait_s)} s")
         self.wait_s = wait_s
 
 
