@@ -33,7 +33,7 @@ class Serve:
     def _find_url(self) -> str | None:
         if self.proc.poll() is not None:
             raise AssertionError(f"serve exited {self.proc.returncode}: {self.log.read_text()[-2000:]}")
-        match = re.search(r"status: (http://[0-9.]+:\d+)/status", self.log.read_text())
+        match = re.search(r"status: (http://(?:[0-9.]+|\[[0-9a-f:]+\]):\d+)/status", self.log.read_text())
         return match[1] if match else None
 
     def get(self, path: str) -> tuple[int, str]:

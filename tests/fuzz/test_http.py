@@ -2,7 +2,8 @@
 
 The app is the real one (radixjobs.server.http.make_app) on a Daemon with no database owners, driven
 in-process through httpx's ASGI transport, which re-raises anything the app raises: never a 500, never a
-traceback; /status and /metrics stay the same bounded documents whatever the request carries.
+traceback; /status and /metrics stay the same bounded documents whatever the request carries; a Host other
+than the allowed ones gets 421 whatever else the request is.
 """
 
 from __future__ import annotations
@@ -20,12 +21,14 @@ from hypothesis import given, reject
 from hypothesis import strategies as st
 
 from radixjobs.server import Daemon, DaemonConfig
+from radixjobs.server.hosts import AllowedHosts
 from radixjobs.server.http import make_app
 from tests.fuzz import fuzz_settings
 
 STATUS_KEYS = {"node", "uptime_s", "version", "databases", "counters", "running_attempts", "last_error",
                "clusters"}
 ROUTES = ("status", "metrics", "healthz")
+ALLOWED = AllowedHosts.default("127.0.0.1")  # make_app's default
 METHODS = ["GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "TRACE", "PROPFIND", "get", "X" * 40]
 SEGMENTS = [*ROUTES, "", ".", "..", "%2e%2e", "STATUS", "status.json", "metrics;x", "%00", "%ff", "%2F", "//",
             "~", "a" * 300, "é", "?", "#", "..%2f..%2fetc%2fpasswd"]
@@ -91,14 +94,19 @@ def test_any_request(client: Client, metric_series: int, method: str, path: str,
         reject()
     assert response.status_code < 500, (method, path, response.status_code, response.text[:500])
     assert "Traceback" not in response.text
+    if not ALLOWED.allows(response.request.headers.get("host")):  # a Host of the fuzzer's: 421, nothing else
+        assert response.status_code == 421, (header, response.status_code)
+        return
+    assert response.status_code != 421, (header, response.request.headers.get("host"))
     sent = response.request.url.path  # as httpx normalised it ("/status/." is "/status/")
     route = sent.removeprefix("/")
     if route not in ROUTES or method.upper() not in ("GET", "HEAD"):
         # 307: starlette's redirect of "/status/" to "/status"; anything else is refused (the console's
-        # pages: 401, or 303 to its login form; its login form and static files are public)
+        # pages: 401, or 303 to its login form, or 429 for a bearer token while wrong ones are throttled;
+        # its login form and static files are public)
         if route == "login" or route.startswith("static/"):
             return
-        assert response.status_code in (303, 307, 400, 401, 403, 404, 405), (method, path, sent,
+        assert response.status_code in (303, 307, 400, 401, 403, 404, 405, 429), (method, path, sent,
                                                                              response.status_code)
         assert response.status_code != 303 or response.headers["location"] == "/login"
         return

@@ -139,7 +139,8 @@ def test_the_documented_example_is_valid(tmp_path: Path) -> None:
     with click.Context(serve_command, info_name="serve") as ctx:
         values = load(ctx, serve_command, path).values
     # every flag of this version (flags added later should join the example)
-    assert {"dsn", "all_databases", "http", "http_max_connections", "http_request_timeout", "node_id",
+    assert {"dsn", "all_databases", "http", "http_max_connections", "http_request_timeout", "http_allowed_hosts",
+            "node_id",
             "concurrency", "per_database_concurrency", "max_per_principal", "grace", "poll", "discovery_interval",
             "log_format", "services", "home"} <= set(values)
 

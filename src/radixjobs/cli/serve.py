@@ -26,7 +26,10 @@ from radixjobs.errors import ConnectError
 
 if TYPE_CHECKING:
     import asyncio
+    import socket
     from collections.abc import Callable
+
+    from radixjobs.server.hosts import AllowedHosts
 
 
 @click.command("serve", cls=ConfigFileCommand)
@@ -39,6 +42,12 @@ if TYPE_CHECKING:
 @click.option("--http-request-timeout", type=click.FloatRange(0.1, 3600), default=10.0, show_default=True,
               metavar="SECONDS", help="Time an HTTP client gets to send a complete request (idle and slow "
                                       "clients are disconnected after it).")
+@click.option("--http-allowed-hosts", "http_allowed_hosts", envvar="RADIXJOBS_HTTP_ALLOWED_HOSTS", multiple=True,
+              metavar="HOST[,HOST…]",
+              help="Host names and IP addresses the HTTP endpoint answers to (repeat, or separate with commas); "
+                   "a request naming another Host gets 421 (DNS rebinding). Env RADIXJOBS_HTTP_ALLOWED_HOSTS. "
+                   "[default: the --http address and localhost; bound to 0.0.0.0 or ::, any IP address and "
+                   "localhost]")
 @click.option("--http-auth", type=click.Choice(["token", "postgres"]), default="token", show_default=True,
               help="Console login: a token, or a PostgreSQL role and password (docs/console.md).")
 @click.option("--http-token", envvar="RADIXJOBS_HTTP_TOKEN", default=None, metavar="TOKEN",
@@ -73,7 +82,8 @@ if TYPE_CHECKING:
                    "points); who may use it is granted in the database (radixjobs docs grant-service).")
 @many_dsns_options
 def serve_command(opts: Options, http: str, http_max_connections: int | None, http_request_timeout: float,
-                  http_auth: str, http_token: str | None, all_databases: bool, node_id: str | None, concurrency: int,
+                  http_allowed_hosts: tuple[str, ...], http_auth: str, http_token: str | None, all_databases: bool,
+                  node_id: str | None, concurrency: int,
                   per_database_concurrency: int, per_cluster_concurrency: int | None, max_per_principal: int | None,
                   tick_batch: int, grace: float, poll: float,
                   discovery_interval: float, lease_seconds: int, log_format: str, event_loop: str, demo: bool,
@@ -83,16 +93,12 @@ def serve_command(opts: Options, http: str, http_max_connections: int | None, ht
     import signal
 
     from radixjobs.server import Daemon, DaemonConfig
-    from radixjobs.server.http import parse_http
     from radixjobs.server.logs import configure
     from radixjobs.server.reload import log_config_warning, parse_services, serve_reloader
 
-    try:
-        address = parse_http(http)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc), param_hint="--http") from None
     allowed = parse_services(services)
     loop_factory = _loop_factory(event_loop)
+    http_host, sockets, hosts = _http_endpoint(http, http_allowed_hosts)  # a busy port: before anything starts
     configure(logging.DEBUG if logging.getLogger().isEnabledFor(logging.DEBUG) else logging.INFO, log_format)
     log_config_warning(config_warning(click.get_current_context()))
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # a reload before the daemon runs must not end it
@@ -115,7 +121,28 @@ def serve_command(opts: Options, http: str, http_max_connections: int | None, ht
         daemon = Daemon(config)
         daemon.reloader = serve_reloader(click.get_current_context(), daemon)
         with asyncio.Runner(loop_factory=loop_factory) as runner:
-            runner.run(_serve(daemon, address, demo, http_max_connections, http_request_timeout, auth))
+            runner.run(_serve(daemon, http_host, sockets, demo, http_max_connections, http_request_timeout, auth,
+                              hosts))
+
+
+def _http_endpoint(http: str, entries: tuple[str, ...]) -> tuple[str, list[socket.socket], AllowedHosts | None]:
+    """``--http``'s host, its listening sockets (none for ``off``) and the Host names it answers to; a usage
+    error for a bad value, one line naming the address when it cannot be bound."""
+    from radixjobs.server.hosts import AllowedHosts
+    from radixjobs.server.http import listen, parse_http
+
+    try:
+        address = parse_http(http)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--http") from None
+    try:
+        hosts = AllowedHosts.of(entries) if entries else None
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--http-allowed-hosts") from None
+    if address is None:
+        return "", [], None
+    sockets = listen(*address)
+    return address[0], sockets, hosts or AllowedHosts.default(address[0], [s.getsockname()[0] for s in sockets])
 
 
 def _loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
@@ -165,22 +192,25 @@ def _console_auth(dsn: str, mode: str, token: str | None) -> Any:
     return ConsoleAuth("token", token)
 
 
-async def _serve(daemon: Any, address: tuple[str, int] | None, demo: bool, max_connections: int | None,
-                 request_timeout_s: float, auth: Any = None) -> None:
+async def _serve(daemon: Any, http_host: str, sockets: list[socket.socket], demo: bool,
+                 max_connections: int | None, request_timeout_s: float, auth: Any, hosts: AllowedHosts | None
+                 ) -> None:
     from radixjobs.server.connections import raise_nofile_limit
-    from radixjobs.server.http import http_limits, start_http
+    from radixjobs.server.http import host_port, http_limits, start_http
 
     daemon.install_signal_handlers()
     http_server = None
-    if address is not None:
+    if sockets:
         limits = http_limits(daemon, max_connections, request_timeout_s)
-        http_server, http_task, port = await start_http(daemon, *address, limits, auth)
-        base = f"http://{address[0]}:{port}"
+        http_server, http_task, port = await start_http(daemon, sockets, limits, auth, hosts)
+        base = f"http://{host_port(http_host, port)}"
         logging.getLogger("radixjobs.server").info(
             "status %s/status metrics %s/metrics health %s/healthz node=%s http_max_connections=%s "
-            "http_request_timeout_s=%s", base, base, base, daemon.config.node_id, limits.max_connections,
-            limits.request_timeout_s, extra={"fields": {"http": base, "node": daemon.config.node_id,
-                                                        "http_max_connections": limits.max_connections}})
+            "http_request_timeout_s=%s http_allowed_hosts=%s", base, base, base, daemon.config.node_id,
+            limits.max_connections, limits.request_timeout_s, hosts.describe() if hosts else None,
+            extra={"fields": {"http": base, "node": daemon.config.node_id,
+                              "http_max_connections": limits.max_connections,
+                              "http_allowed_hosts": hosts.describe() if hosts else None}})
         click.echo(f"radixjobs serving (node {daemon.config.node_id}); status: {base}/status, "
                    f"metrics: {base}/metrics", err=True)
         if auth is not None and auth.mode == "token" and auth.generated:  # shown once, never logged

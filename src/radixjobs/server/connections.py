@@ -8,11 +8,15 @@ Invariants:
   PostgreSQL connections (pools, principal sessions, listeners) always find a descriptor;
 - a client gets ``request_timeout`` seconds from connecting (or from the end of the previous response) to
   send one complete request, headers and body; a client that sends nothing, or a byte at a time, is
-  disconnected when that time is up. Headers are limited to ``MAX_HEADER_BYTES``.
+  disconnected when that time is up;
+- a request whose line and headers take more than ``MAX_HEADER_BYTES`` is answered 431 and its connection
+  closed, whether the head arrived in pieces (h11's own limit on an incomplete event) or all at once (h11
+  parses a complete head of any size: ``HeadLimitedConnection`` measures it).
 
 uvicorn has the keep-alive timeout and a header size limit but no request-read timeout (its keep-alive
 timer is disarmed by any byte received, and ``limit_concurrency`` answers 503 only after a whole request
-was read, holding the descriptor meanwhile), so this is a small subclass of its h11 protocol.
+was read, holding the descriptor meanwhile; it answers every malformed request 400, ignoring h11's status
+hint), so this is a small subclass of its h11 protocol.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import contextlib
 import os
 import resource
 from dataclasses import dataclass
+from http import HTTPStatus
 from typing import Any, ClassVar
 
 import h11
@@ -78,13 +83,39 @@ class HttpLimits:
         return used is not None and used + self.reserve >= self.soft_limit
 
 
+def head_bytes(request: h11.Request) -> int:
+    """The size of a request's line and headers as sent (less optional whitespace h11 dropped)."""
+    line = len(request.method) + len(request.target) + len(b"  HTTP/1.1\r\n")
+    return line + sum(len(name) + len(value) + 4 for name, value in request.headers.raw_items()) + 2
+
+
+class HeadLimitedConnection(h11.Connection):
+    """h11's server connection refusing a complete request head over MAX_HEADER_BYTES too; ``refusal`` is
+    the status the last protocol error deserves."""
+
+    refusal = 400
+
+    def next_event(self) -> h11.Event | type[h11.NEED_DATA] | type[h11.PAUSED]:
+        try:
+            event = super().next_event()
+        except h11.RemoteProtocolError as exc:
+            self.refusal = exc.error_status_hint
+            raise
+        if isinstance(event, h11.Request) and head_bytes(event) > MAX_HEADER_BYTES:
+            self.refusal = 431
+            raise h11.RemoteProtocolError("request header fields too large", error_status_hint=431)
+        return event
+
+
 class BoundedH11Protocol(H11Protocol):
-    """uvicorn's h11 protocol with a connection cap and a deadline for each request to arrive."""
+    """uvicorn's h11 protocol with a connection cap, a deadline for each request to arrive and a bound on
+    each request's head."""
 
     limits: ClassVar[HttpLimits]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self.conn = HeadLimitedConnection(h11.SERVER, MAX_HEADER_BYTES)
         self._request_deadline: asyncio.TimerHandle | None = None
         self._refused = False
 
@@ -115,6 +146,16 @@ class BoundedH11Protocol(H11Protocol):
         super().on_response_complete()
         if self.conn.their_state not in (h11.IDLE, h11.SEND_BODY):
             self._disarm()  # a pipelined request was already complete
+
+    def send_400_response(self, msg: str) -> None:
+        """uvicorn's answer to a malformed request, with the status it deserves (431: head too large)."""
+        status = self.conn.refusal if isinstance(self.conn, HeadLimitedConnection) else 400
+        text = "request header fields too large" if status == 431 else msg
+        headers = [(b"content-type", b"text/plain; charset=utf-8"), (b"connection", b"close")]
+        for event in (h11.Response(status_code=status, headers=headers, reason=HTTPStatus(status).phrase),
+                      h11.Data(data=text.encode("ascii")), h11.EndOfMessage()):
+            self.transport.write(self.conn.send(event) or b"")
+        self.transport.close()
 
     def _arm(self) -> None:
         self._disarm()

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
+import os
+import socket
 from collections.abc import Iterable
 
 import uvicorn
@@ -18,6 +21,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from radixjobs.documents.scheduler import COUNTER_KEYS as DOCUMENT_COUNTER_KEYS
+from radixjobs.errors import ConfigError
 from radixjobs.observe import Histogram
 from radixjobs.output import jsonable
 from radixjobs.retry import Category
@@ -34,6 +38,7 @@ from radixjobs.server.connections import (
 from radixjobs.server.console import ConsoleAuth, SecurityHeaders
 from radixjobs.server.console.app import Console
 from radixjobs.server.daemon import Daemon
+from radixjobs.server.hosts import AllowedHosts, HostCheck
 
 log = logging.getLogger("radixjobs.server")
 
@@ -105,8 +110,10 @@ def _buckets(histogram: Histogram) -> list[tuple[str, float]]:
     return [("+Inf" if bound == float("inf") else repr(bound), count) for bound, count in histogram.cumulative()]
 
 
-def make_app(daemon: Daemon, auth: ConsoleAuth | None = None) -> Starlette:
-    """The endpoints and the console (``auth``: its access; default a token mode with a random token)."""
+def make_app(daemon: Daemon, auth: ConsoleAuth | None = None, allowed_hosts: AllowedHosts | None = None
+             ) -> Starlette:
+    """The endpoints and the console (``auth``: its access; default a token mode with a random token),
+    answering requests whose Host is ``allowed_hosts`` (default: the default address's)."""
     registry = CollectorRegistry(auto_describe=True)
     registry.register(DaemonCollector(daemon))
 
@@ -122,7 +129,9 @@ def make_app(daemon: Daemon, auth: ConsoleAuth | None = None) -> Starlette:
 
     console = Console(daemon, auth or ConsoleAuth())
     return Starlette(routes=[Route("/status", status), Route("/metrics", metrics), Route("/healthz", healthz),
-                             *console.routes()], middleware=[Middleware(SecurityHeaders)])
+                             *console.routes()],
+                     middleware=[Middleware(SecurityHeaders), Middleware(
+                         HostCheck, allowed=allowed_hosts or AllowedHosts.default(DEFAULT_HTTP.rpartition(":")[0]))])
 
 
 def parse_http(value: str) -> tuple[str, int] | None:
@@ -145,24 +154,52 @@ def http_limits(daemon: Daemon, max_connections: int | None = None,
     return HttpLimits(max_connections=cap, request_timeout_s=request_timeout_s, reserve=reserve, soft_limit=soft)
 
 
-async def start_http(daemon: Daemon, host: str, port: int, limits: HttpLimits | None = None,
-                     auth: ConsoleAuth | None = None) -> tuple[uvicorn.Server, asyncio.Task[None], int]:
-    """Serve the status endpoints in this event loop; returns the server, its task and the bound port."""
+def listen(host: str, port: int) -> list[socket.socket]:
+    """Listening sockets on every address ``host`` resolves to (port 0: the first one's free port for all);
+    raises ConfigError in one line naming the address when one cannot be bound (in use, not local, …)."""
+    try:
+        found = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except OSError as exc:
+        raise ConfigError(f"cannot listen on {host_port(host, port)} (--http): {exc.strerror or exc}") from None
+    sockets: list[socket.socket] = []
+    try:
+        for family, _, _, _, address in dict.fromkeys(found):
+            bind = (str(address[0]), port or (sockets[0].getsockname()[1] if sockets else 0))
+            sockets.append(socket.create_server(bind, family=family, backlog=BACKLOG))
+    except OSError as exc:
+        for sock in sockets:
+            sock.close()
+        reason = "the address is already in use (another radixjobs serve?)" if exc.errno == errno.EADDRINUSE \
+            else (os.strerror(exc.errno) if exc.errno else str(exc)).lower()
+        raise ConfigError(f"cannot listen on {host_port(host, port)} (--http): {reason}") from None
+    return sockets
+
+
+def host_port(host: str, port: int) -> str:
+    """``host:port``, an IPv6 address in brackets."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+async def start_http(daemon: Daemon, sockets: list[socket.socket], limits: HttpLimits | None = None,
+                     auth: ConsoleAuth | None = None, allowed_hosts: AllowedHosts | None = None,
+                     ) -> tuple[uvicorn.Server, asyncio.Task[None], int]:
+    """Serve the status endpoints on ``sockets`` (listen()) in this event loop; returns the server, its task
+    and the bound port."""
     limits = limits or http_limits(daemon)
     keep_alive = max(1, min(5, int(limits.request_timeout_s)))
-    config = uvicorn.Config(SecurityHeaders(make_app(daemon, auth)),  # outermost: on a 500 too
-                            host=host, port=port, log_level="warning", lifespan="off",
+    config = uvicorn.Config(SecurityHeaders(make_app(daemon, auth, allowed_hosts)),  # outermost: on a 500 too
+                            log_level="warning", lifespan="off",
                             access_log=False, http=protocol_class(limits), ws="none",
                             h11_max_incomplete_event_size=MAX_HEADER_BYTES, timeout_keep_alive=keep_alive,
                             backlog=min(limits.max_connections, BACKLOG), server_header=False)
     server = uvicorn.Server(config)
     # the daemon owns SIGINT/SIGTERM (clean shutdown of attempts first); uvicorn must not take them
     server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign,assignment]
-    task = asyncio.create_task(server.serve())
+    task = asyncio.create_task(server.serve(sockets=sockets))
     while not server.started:
         if task.done():
             task.result()
-            raise OSError(f"cannot listen on {host}:{port}")
+            raise OSError("the HTTP server stopped while starting")
         await asyncio.sleep(0.01)
     bound = server.servers[0].sockets[0].getsockname()[1]
     return server, task, int(bound)

@@ -2,7 +2,7 @@
 
 Invariants:
 - Every page and action handler runs behind ``_guard``: no session (cookie or bearer token), no data;
-  an action also needs the session's CSRF token and a same-origin request.
+  an action also needs the session's CSRF token and a same-origin request. The login itself is login.py.
 - Database work runs in worker threads on short-lived connections, at most ``MAX_CONCURRENT`` at once for
   the whole console (the scheduler's own connections are never shared with it), each bounded by the
   statement timeout of auth.bounded_dsn.
@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable
 from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
-from urllib.parse import parse_qs, urlencode
+from urllib.parse import urlencode
 
 import psycopg
 from jinja2 import Environment, FileSystemLoader, select_autoescape
@@ -31,7 +31,10 @@ from starlette.staticfiles import StaticFiles
 
 from radixjobs.db import first_line
 from radixjobs.server.console import present, queries
-from radixjobs.server.console.auth import COOKIE, ConsoleAuth, Session, bounded_dsn, check_password_login, role_dsn
+from radixjobs.server.console.auth import ConsoleAuth, LoginThrottled, Session, bounded_dsn, role_dsn
+from radixjobs.server.console.forms import read_form
+from radixjobs.server.console.login import Login
+from radixjobs.server.console.throttle import retry_after
 from radixjobs.server.daemon import Daemon
 
 HERE = Path(__file__).parent
@@ -43,25 +46,6 @@ ACTIONS = {"run": "Run {target} now", "enable": "Enable {target}", "disable": "D
            "activate": "Make document {target} ACTIVE", "passivate": "Make document {target} PASSIVE"}
 T = TypeVar("T")
 Handler = Callable[[Request, Session], Awaitable[Response]]
-
-
-MAX_FORM_BYTES = 16_384
-
-
-async def read_form(request: Request) -> dict[str, str]:
-    """A urlencoded form of at most MAX_FORM_BYTES (more, or another encoding: an empty form)."""
-    if request.headers.get("content-type", "").split(";")[0].strip() != "application/x-www-form-urlencoded":
-        return {}
-    body = b""
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > MAX_FORM_BYTES:
-            return {}
-    try:
-        fields = parse_qs(body.decode("utf-8", "replace"), max_num_fields=20)
-    except ValueError:  # too many fields
-        return {}
-    return {k: v[0] for k, v in fields.items()}
 
 
 SAFE_BACK = re.compile(r"/(?![/\\])[\w/.%?=&-]*")
@@ -129,7 +113,10 @@ class Console:
 
     def _guard(self, handler: Handler) -> Callable[[Request], Awaitable[Response]]:
         async def guarded(request: Request) -> Response:
-            session = self.auth.session_of(request)
+            try:
+                session = self.auth.session_of(request)
+            except LoginThrottled as exc:
+                return PlainTextResponse(str(exc), status_code=429, headers={"Retry-After": retry_after(exc.wait_s)})
             if session is None:
                 if request.method == "GET" and "text/html" in request.headers.get("accept", ""):
                     return RedirectResponse("/login", status_code=303)  # a browser: to the login form
@@ -137,52 +124,6 @@ class Console:
                                          headers={"WWW-Authenticate": 'Bearer realm="radixjobs"'})
             return await handler(request, session)
         return guarded
-
-    # -- login ----------------------------------------------------------------------------------------
-    async def login_form(self, request: Request) -> Response:
-        token = request.query_params.get("token")
-        if token is not None and self.auth.mode == "token":
-            if self.auth.token_ok(token):
-                return self._logged_in(self.auth.new_session())
-            return self.render(request, None, "login.html", status_code=401, error="that token is not valid")
-        return self.render(request, None, "login.html", error=None)
-
-    async def login(self, request: Request) -> Response:
-        if not self.auth.same_origin(request):
-            return PlainTextResponse("cross-site login refused", status_code=403)
-        form = await read_form(request)
-        if self.auth.mode == "token":
-            if self.auth.token_ok(str(form.get("token", ""))):
-                return self._logged_in(self.auth.new_session())
-            return self.render(request, None, "login.html", status_code=401, error="that token is not valid")
-        role, password = str(form.get("role", "")), str(form.get("password", ""))
-        databases = self.databases()
-        if not role or not password:
-            return self.render(request, None, "login.html", status_code=401, error="role and password are required")
-        if not databases:
-            return self.render(request, None, "login.html", status_code=503,
-                               error="the scheduler is not connected to any database yet: try again in a moment")
-        owner = self.daemon.owners[databases[0]][0]
-        async with self.gate:
-            problem = await asyncio.to_thread(check_password_login, owner.dsn, role, password)
-        if problem:
-            return self.render(request, None, "login.html", status_code=401, error=problem)
-        return self._logged_in(self.auth.new_session(role, password))
-
-    @staticmethod
-    def _logged_in(session: Session) -> Response:
-        response = RedirectResponse("/", status_code=303)
-        response.set_cookie(COOKIE, session.sid, httponly=True, samesite="strict", path="/")
-        return response
-
-    async def logout(self, request: Request, session: Session) -> Response:
-        form = await read_form(request)
-        if not self.auth.csrf_ok(request, session, str(form.get("csrf", ""))):
-            return PlainTextResponse("CSRF check failed", status_code=403)
-        self.auth.end(session)
-        response = RedirectResponse("/login", status_code=303)
-        response.delete_cookie(COOKIE, path="/")
-        return response
 
     # -- pages ----------------------------------------------------------------------------------------
     async def overview(self, request: Request, session: Session) -> Response:
@@ -349,6 +290,7 @@ class Console:
     # -- routes -----------------------------------------------------------------------------------------
     def routes(self) -> list[BaseRoute]:
         g = self._guard
+        login = Login(self)
         return [
             Route("/", g(self.overview)),
             Route("/jobs", g(self.jobs)),
@@ -357,8 +299,8 @@ class Console:
             Route("/db/{db:path}/document/{num}", g(self.document)),
             Route("/confirm", g(self.confirm)),
             Route("/action", g(self.act), methods=["POST"]),
-            Route("/login", self.login_form, methods=["GET"]),
-            Route("/login", self.login, methods=["POST"]),
-            Route("/logout", g(self.logout), methods=["POST"]),
+            Route("/login", login.form, methods=["GET"]),
+            Route("/login", login.submit, methods=["POST"]),
+            Route("/logout", g(login.logout), methods=["POST"]),
             Mount("/static", app=StaticFiles(directory=HERE / "static"), name="static"),
         ]

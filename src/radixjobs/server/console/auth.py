@@ -9,12 +9,16 @@ Invariants:
 - In postgres mode a session keeps the role and its password in memory only, to connect as that role;
   the connection demands that the server asked for a password (libpq ``require_auth``), reads no password
   file, and offers no client certificate, so nothing but the password typed in logs the role in.
-- Sessions are bounded in number and idle time: a flood of logins evicts the oldest, never grows memory.
+- Sessions are bounded in number and idle time: at most ``MAX_SESSIONS_PER_ROLE`` per role (token mode:
+  per token), a role's login past that ends that role's oldest session, never another role's.
+- Every credential check (a login, a bearer token) passes the login throttle (throttle.py) first, keyed by
+  the client and by what it logs in as; a failure is logged with the client and the role, never the secret.
 """
 
 from __future__ import annotations
 
 import hmac
+import logging
 import secrets
 import time
 from dataclasses import dataclass, field
@@ -26,9 +30,13 @@ from starlette.requests import Request
 
 from radixjobs.db import first_line, scheduler_dsn
 from radixjobs.errors import ConfigError
+from radixjobs.server.console.throttle import LoginThrottle, client_key, retry_after
+
+log = logging.getLogger("radixjobs.server.console")
 
 COOKIE = "radixjobs_console"
-MAX_SESSIONS = 256
+MAX_SESSIONS_PER_ROLE = 64
+MAX_ROLE_BYTES = 63  # PostgreSQL's NAMEDATALEN - 1: the server cuts a longer login name to this
 IDLE_S = 8 * 3600
 STATEMENT_TIMEOUT_MS = 5000
 CONNECT_TIMEOUT_S = 5
@@ -47,23 +55,61 @@ class Session:
     flash: str | None = None
 
 
+class LoginThrottled(Exception):
+    """A credential check refused by the login throttle: ``wait_s`` seconds to wait."""
+
+    def __init__(self, wait_s: float):
+        super().__init__(f"too many failed logins: try again in {retry_after(wait_s)} s")
+        self.wait_s = wait_s
+
+
 class ConsoleAuth:
-    """The console's access model and its sessions."""
+    """The console's access model, its sessions and its login throttle."""
 
     def __init__(self, mode: AuthMode = "token", token: str | None = None):
         self.mode: AuthMode = mode
         self.generated = token is None  # printed once at start (the operator was not told it otherwise)
         self.token = token or secrets.token_urlsafe(32)
         self.sessions: dict[str, Session] = {}
+        self.throttle = LoginThrottle()
+
+    # -- the throttle ------------------------------------------------------------------------------
+    @staticmethod
+    def login_keys(request: Request, role: str | None) -> list[str]:
+        """The throttle keys of an attempt: its client, and the role (None: the token)."""
+        return [client_key(request.client.host if request.client else None),
+                "token" if role is None else f"role:{role}"]
+
+    def begin_login(self, keys: list[str]) -> None:
+        """Raise LoginThrottled when the attempt must wait; else it is in flight until ``end_login``."""
+        wait = self.throttle.begin(keys)
+        if wait > 0:
+            if self.throttle.first_refusal(keys):  # once per backoff: a refused flood costs no log lines
+                client, principal = keys
+                log.warning("console login throttled %s as=%r retry_after_s=%.0f", client, principal, wait,
+                            extra={"fields": {"event": "console_login_throttled", "client": client[7:],
+                                              "as": principal, "retry_after_s": wait}})
+            raise LoginThrottled(wait)
+
+    def end_login(self, keys: list[str], *, failed: bool) -> None:
+        wait = self.throttle.end(keys, failed=failed)
+        if failed:
+            client, principal = keys
+            failures = self.throttle.failures(principal)
+            log.warning("console login failed %s as=%r failures=%d client_failures=%d backoff_s=%.0f", client,
+                        principal, failures, self.throttle.failures(client), wait,
+                        extra={"fields": {"event": "console_login_failed", "client": client[7:],
+                                          "as": principal, "failures": failures, "backoff_s": wait}})
 
     # -- tokens and sessions ------------------------------------------------------------------------
     def token_ok(self, given: str) -> bool:
         return self.mode == "token" and hmac.compare_digest(given.encode(), self.token.encode())
 
     def new_session(self, role: str | None = None, password: str | None = None) -> Session:
+        """A session for ``role``; past MAX_SESSIONS_PER_ROLE that role's oldest ends (only that role's)."""
         self._expire()
-        while len(self.sessions) >= MAX_SESSIONS:
-            oldest = min(self.sessions.values(), key=lambda s: s.last_seen)
+        own = sorted((s for s in self.sessions.values() if s.role == role), key=lambda s: s.last_seen)
+        for oldest in own[:max(0, len(own) - MAX_SESSIONS_PER_ROLE + 1)]:
             del self.sessions[oldest.sid]
         session = Session(secrets.token_urlsafe(32), secrets.token_urlsafe(32), role, password)
         self.sessions[session.sid] = session
@@ -78,12 +124,17 @@ class ConsoleAuth:
             del self.sessions[sid]
 
     def session_of(self, request: Request) -> Session | None:
-        """The request's session (cookie), or a transient one for a valid bearer token; None: anonymous."""
+        """The request's session (cookie), or a transient one for a valid bearer token; None: anonymous.
+        Raises LoginThrottled for a bearer token the throttle does not let be checked now."""
         header = request.headers.get("authorization", "")
         if header[:7].lower() == "bearer ":
-            if self.token_ok(header[7:].strip()):
-                return Session("bearer", "")
-            return None
+            if self.mode != "token":
+                return None
+            keys = self.login_keys(request, None)
+            self.begin_login(keys)
+            ok = self.token_ok(header[7:].strip())
+            self.end_login(keys, failed=not ok)
+            return Session("bearer", "") if ok else None
         sid = request.cookies.get(COOKIE, "")
         session = self.sessions.get(sid)
         if session is None:
