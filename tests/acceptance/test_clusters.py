@@ -18,7 +18,7 @@ from psycopg import sql
 
 from tests.acceptance.conftest import run_cli
 from tests.acceptance.serving import Serve
-from tests.acceptance.test_external_cluster import effects, ext, job
+from tests.acceptance.test_external_cluster import effects, job
 from tests.apps import App, make_app
 from tests.external import ExternalDb
 from tests.support import wait_for
