@@ -23,8 +23,6 @@ from tests.apps import App, make_app
 from tests.external import ExternalDb
 from tests.support import wait_for
 
-__all__ = ["ext"]  # the fixture, shared with the external cluster's tests
-
 
 @pytest.fixture
 def hung_port() -> Iterator[int]:
