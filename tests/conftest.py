@@ -111,6 +111,17 @@ def app(db: str, conn: psycopg.Connection[Any], roles: Any) -> App:
     return make_app(db, conn, roles("worker"))
 
 
+@pytest.fixture
+def batchable(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every procedure counts as short once it has run (BATCH_TICK_MS), and a batch's size does not depend on
+    its duration (BATCH_BUDGET_MS): a first run's time on a busy machine (plans, compiled functions) would make
+    the batches depend on the clock."""
+    from radixjobs.engine import ticks
+
+    monkeypatch.setattr(ticks, "BATCH_TICK_MS", 60_000.0)
+    monkeypatch.setattr(ticks, "BATCH_BUDGET_MS", 1e12)
+
+
 @pytest.fixture(scope="session")
 def external_pg() -> Iterator[Any]:
     """A distribution PostgreSQL cluster with scram passwords (tests/external.py); skipped when none is

@@ -12,7 +12,6 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from radixjobs.engine import ticks
 from radixjobs.engine.attempt import AttemptRunner
 from tests.apps import App, run_engine
 from tests.support import wait_for
@@ -30,13 +29,7 @@ END $$
 """
 
 
-@pytest.fixture(autouse=True)
-def short(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every procedure here counts as short once it has run (BATCH_TICK_MS), and a batch's size does not
-    depend on its duration (BATCH_BUDGET_MS): a first run's time on a busy machine (plans, compiled
-    functions) would make the batches depend on the clock."""
-    monkeypatch.setattr(ticks, "BATCH_TICK_MS", 60_000.0)
-    monkeypatch.setattr(ticks, "BATCH_BUDGET_MS", 1e12)
+pytestmark = pytest.mark.usefixtures("batchable")  # batches form whatever the machine's load
 
 
 def _jobs(app: App, tags: list[str], options: str = "") -> list[str]:

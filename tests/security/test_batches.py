@@ -15,14 +15,9 @@ import pytest
 from psycopg import sql
 
 from radixjobs import catalog
-from radixjobs.engine import ticks
 from tests.apps import App, run_engine
 
-
-@pytest.fixture(autouse=True)
-def short(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every procedure counts as short once it has run, whatever the machine's load (BATCH_TICK_MS)."""
-    monkeypatch.setattr(ticks, "BATCH_TICK_MS", 60_000.0)
+pytestmark = pytest.mark.usefixtures("batchable")  # batches form whatever the machine's load
 
 
 def _grant(app: App, text: str, *roles: str) -> None:
