@@ -20,8 +20,8 @@ from radixjobs.engine.ticks import (
 )
 
 
-def _tick(principal: int, due_at: float, n: int) -> Tick:
-    return Tick(uuid.UUID(int=n), 1, n, 0, 0, 0, due_at, uuid.UUID(int=n), principal, 0)
+def _tick(principal: int, due_at: float, n: int, deadline_ms: int = 240_000) -> Tick:
+    return Tick(uuid.UUID(int=n), 1, n, 0, 0, 0, due_at, uuid.UUID(int=n), principal, 0, deadline_ms)
 
 
 def test_a_batch_takes_the_due_ticks_left_over_that_fit_and_keeps_the_others_in_order() -> None:

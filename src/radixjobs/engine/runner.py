@@ -38,6 +38,8 @@ from radixjobs.engine.batches import BATCH_MAX, BatchExecution
 from radixjobs.engine.definitions import (
     CLAIM,
     CLAIM_COLUMNS,
+    CLAIM_DEADLINE,
+    CLAIM_PRINCIPAL,
     LOAD_DEFINITIONS,
     DefinitionCache,
     JobDefinition,
@@ -49,8 +51,18 @@ from radixjobs.engine.nodes import register_node
 from radixjobs.engine.planning import CRON_DUE, plan_cron
 from radixjobs.engine.principals import PrincipalPools
 from radixjobs.engine.slots import Slots
-from radixjobs.engine.ticks import FIND_BATCH, FIND_TICKS, HORIZON_MS, Durations, Tick, TickQueue, node_hex, wake_in
-from radixjobs.fairness import principal_cap
+from radixjobs.engine.ticks import (
+    FIND_AHEAD_S,
+    FIND_BATCH,
+    FIND_TICKS,
+    HORIZON_MS,
+    Durations,
+    Tick,
+    TickQueue,
+    node_hex,
+    wake_in,
+)
+from radixjobs.fairness import LONG_ATTEMPT_S, Reserve, Served, principal_cap
 
 if TYPE_CHECKING:
     from radixjobs.observe import Observer
@@ -62,8 +74,8 @@ MAX_DEFINITIONS = 10_000  # cached job definitions (least recently used dropped 
 MAX_DEFINITION_BYTES = 16 * 1024 * 1024  # … and at most this much of them (JobDefinition.size_bytes)
 
 # Seconds until the next tick this engine's claim could take: a principal at its cap has nothing due
-# until one of its attempts ends (radix.next_due_in).
-NEXT_DUE_IN = "radix.next_due_in(%s::pg_catalog.int4)"
+# until one of its attempts ends, nor a long tick while no long attempt may start here (radix.next_due_in).
+NEXT_DUE_IN = "radix.next_due_in(%s::pg_catalog.int4, %s::pg_catalog.int4)"
 # After a claim, in its round trip: seconds until the next due tick, and whether cron ticks await planning.
 AFTER_CLAIM = "SELECT " + NEXT_DUE_IN + ", " + CRON_DUE
 NEXT_DUE = "SELECT " + NEXT_DUE_IN
@@ -90,11 +102,16 @@ class Engine(BatchExecution):
     def __init__(self, dsn: str, *, node_id: str | None = None, concurrency: int = 8,
                  grace_s: float = 5.0, pause: Pause | None = None, shared_slots: Slots | None = None,
                  finished: asyncio.Event | None = None, max_per_principal: int | None = None,
-                 lease_s: int = DEFAULT_LEASE_S, tick_batch: int = BATCH_MAX):
+                 lease_s: int = DEFAULT_LEASE_S, tick_batch: int = BATCH_MAX, reserved_slots: int | None = None,
+                 long_attempt_s: float = LONG_ATTEMPT_S):
         self.dsn = scheduler_dsn(dsn)
         self.node_id = node_id or default_node_id()
         self.concurrency = concurrency
         self.max_per_principal = principal_cap(concurrency, max_per_principal)
+        self.reserve = Reserve.of(concurrency, reserved_slots, long_attempt_s)  # docs/security.md "Fair claims"
+        self._served = Served()  # the tie-break among principals with as few running (radixjobs.fairness)
+        self._long: set[asyncio.Task[None]] = set()  # the long attempts running here
+        self._long_claims: set[uuid.UUID] = set()  # lease tokens of long claims not yet started
         self.counters: Counter[str] = Counter(dict.fromkeys(COUNTER_KEYS, 0))
         self.last_error: dict[str, Any] | None = None
         self._definitions = DefinitionCache(MAX_DEFINITIONS, MAX_DEFINITION_BYTES)
@@ -118,7 +135,7 @@ class Engine(BatchExecution):
         self._leases: set[uuid.UUID] = set()  # tokens of this engine's claims in progress
         self._lease_keeper = LeaseKeeper(self._pool, self.node_id, lease_s, lambda: set(self._leases),
                                          self._lose)
-        self._queue = TickQueue()  # ticks found, not started (engine/ticks.py)
+        self._queue = TickQueue(self.reserve, self._served)  # ticks found, not started (engine/ticks.py)
         self._ticking: dict[uuid.UUID, Tick] = {}  # ticks running here, by job
         self._ticking_by: Counter[int] = Counter()  # … and connections running them, by principal (oid)
         self._durations = Durations()  # procedures' last attempts here: only short ones batch
@@ -180,21 +197,23 @@ class Engine(BatchExecution):
     async def claim_due(self, limit: int) -> list[Claim]:
         """Claim up to ``limit`` due ticks. One round trip (the claim, then the next due time and whether
         cron ticks await planning, pipelined) unless cron ticks need planning: the first claim leaves
-        them alone; they are planned (missed ones coalesced), then claimed. A cron tick never runs stale."""
+        them alone; they are planned (missed ones coalesced), then claimed. A cron tick never runs stale.
+        No more of them are long than may start here (the lease tokens of those are in _long_claims)."""
         began = time.monotonic()
+        long_limit = self._long_limit(limit)
         async with self._pool.connection() as conn:
             async with conn.pipeline():
-                claim_cur = await conn.execute(CLAIM, (self.node_id, limit, False, self.max_per_principal,
-                                                       self.lease_s))
-                after_cur = await conn.execute(AFTER_CLAIM, (self.max_per_principal,))
+                claim_cur = await conn.execute(CLAIM, self._claim_params(limit, False, long_limit))
+                after_cur = await conn.execute(AFTER_CLAIM, self._next_due_params())
             rows = await claim_cur.fetchall()
             after = await after_cur.fetchone()
             if after and after[1] and len(rows) < limit:
                 self.counters["coalesced_ticks"] += await plan_cron(conn)
-                cur = await conn.execute(CLAIM, (self.node_id, limit - len(rows), True, self.max_per_principal,
-                                                 self.lease_s))
+                if long_limit is not None:
+                    long_limit -= sum(self.reserve.is_long(int(row[CLAIM_DEADLINE])) for row in rows)
+                cur = await conn.execute(CLAIM, self._claim_params(limit - len(rows), True, long_limit))
                 rows += await cur.fetchall()
-                after_cur = await conn.execute(NEXT_DUE, (self.max_per_principal,))
+                after_cur = await conn.execute(NEXT_DUE, self._next_due_params())
                 after = await after_cur.fetchone()
             self._note_due(after)
         if self.observer is not None:
@@ -202,7 +221,11 @@ class Engine(BatchExecution):
         claims = []
         for row in rows:
             self._definitions.remember_claimed(row)
-            claims.append(Claim(*row[:CLAIM_COLUMNS]))
+            claim = Claim(*row[:CLAIM_COLUMNS])
+            claims.append(claim)
+            self._served.note(int(row[CLAIM_PRINCIPAL]))
+            if self.reserve.is_long(int(row[CLAIM_DEADLINE])):
+                self._long_claims.add(claim.lease_token)
         for claim in claims:
             self.counters["claims"] += 1
             self.counters["coalesced_ticks"] += claim.coalesced
@@ -210,10 +233,24 @@ class Engine(BatchExecution):
                 self.counters["lease_recoveries"] += 1
         return claims
 
+    def _claim_params(self, limit: int, with_cron: bool, long_limit: int | None) -> tuple[Any, ...]:
+        long_ms = None if long_limit is None else self.reserve.long_ms
+        return (self.node_id, limit, with_cron, self.max_per_principal, self.lease_s, long_ms, long_limit,
+                self._served.oldest_first())
+
+    def _long_limit(self, wanted: int) -> int | None:
+        """How many long attempts ``wanted`` more may include (None: all of them)."""
+        free = self._long_free()
+        return None if free >= wanted else free
+
+    def _next_due_params(self) -> tuple[int, int | None]:
+        """radix.next_due_in's: the cap, and the threshold that leaves long ticks out while none may start."""
+        return self.max_per_principal, None if self._long_limit(1) is None else self.reserve.long_ms
+
     async def next_due_in(self) -> float | None:
         """Seconds until the earliest due tick (0 when one is due now), or None when nothing is planned."""
         async with self._pool.connection() as conn:
-            cur = await conn.execute(NEXT_DUE, (self.max_per_principal,))
+            cur = await conn.execute(NEXT_DUE, self._next_due_params())
             self._note_due(await cur.fetchone())
         return self.due_in()
 
@@ -222,16 +259,33 @@ class Engine(BatchExecution):
 
     def due_in(self) -> float | None:
         """Seconds until the next dispatch should run, without a query: while ticks are queued, until the
-        first of them may start (None: all wait for a cap); else until FIND_AHEAD_S before the earliest
-        due tick as of the last find or claim (or next_due_in), so that the find comes before it, and
-        once within that, until it is due."""
+        first of them may start (None: all wait for a cap or a long slot), or sooner to find a tick not
+        queued (_unfound_in); else until FIND_AHEAD_S before the earliest due tick as of the last find or
+        claim (or next_due_in), so that the find comes before it, and once within that, until it is due."""
         now = time.monotonic()
         if len(self._queue):
-            return self._queue.next_due_in(self._ticking_by, self.max_per_principal, now)
+            queued = self._queue.next_due_in(self._ticking_by, self.max_per_principal, now, self._long_free())
+            unfound = self._unfound_in(now)
+            if unfound is None or queued is None:
+                return queued if unfound is None else wake_in(unfound)
+            return min(queued, wake_in(unfound))
         if self._due is None:
             return None
         seconds, measured = self._due
         return wake_in(max(0.0, seconds - (now - measured)))
+
+    def _unfound_in(self, now: float) -> float | None:
+        """Seconds until the earliest tick this engine could start as of the last find or claim, when that
+        was beyond the finder's horizon then: not queued, however long the queued ones wait (a cap, or
+        long slots); None otherwise."""
+        if self._due is None or self._due[0] * 1000 <= HORIZON_MS:
+            return None
+        seconds, measured = self._due
+        return max(0.0, seconds - (now - measured))
+
+    def _long_free(self) -> int:
+        """How many more long attempts may start here (claims made and not started count)."""
+        return self.reserve.long_free(len(self._long) + len(self._long_claims))
 
     @property
     def has_free_slot(self) -> bool:
@@ -246,13 +300,14 @@ class Engine(BatchExecution):
         """Start due work in the free slots; returns how many attempts started. Ticks come from the queue,
         found again when it is empty or stale (one round trip, which also says whether the lease path has
         work); then, when it has, claim_due for the lease path (non-atomic and cron jobs, requests, resumed
-        claims)."""
+        claims). Ticks are found again sooner when the next one due was not queued (_unfound_in)."""
         self.claim_filled = False
         if self.stopping:
             return 0
         started = self._start_ticks()
+        now = time.monotonic()
         if self._free_slots() > 0 and (self._find_now or not len(self._queue) or self._queue.stale(
-                time.monotonic(), self._ticking_by, self.max_per_principal)):
+                now, self._ticking_by, self.max_per_principal) or (self._unfound_in(now) or 1.0) <= FIND_AHEAD_S):
             if started:
                 await asyncio.sleep(0)  # the ticks just started send their queries before the find's
             await self._find_ticks()
@@ -288,12 +343,17 @@ class Engine(BatchExecution):
         self._lease_due = self.claim_filled
         for claim in claims:
             self._leases.add(claim.lease_token)
-            self._spawn(self._run_claim(claim))
+            long = claim.lease_token in self._long_claims
+            self._long_claims.discard(claim.lease_token)
+            self._spawn(self._run_claim(claim), long=long)
         return len(claims)
 
-    def _spawn(self, attempt: Awaitable[None]) -> None:
+    def _spawn(self, attempt: Awaitable[None], *, long: bool = False) -> None:
+        """Run an attempt (a claim, a tick or a batch) in a slot; ``long``: one long attempts may hold."""
         task = asyncio.ensure_future(attempt)
         self._running.add(task)
+        if long:
+            self._long.add(task)
         task.add_done_callback(self._attempt_done)
 
     async def _find_ticks(self) -> None:
@@ -305,7 +365,7 @@ class Engine(BatchExecution):
             async with conn.pipeline():
                 cur = await conn.execute(FIND_TICKS, (self.node_id, FIND_BATCH, HORIZON_MS, list(self._ticking),
                                                       self._principals.backend_pids()))
-                after_cur = await conn.execute(AFTER_FIND, (self.max_per_principal, self.node_id))
+                after_cur = await conn.execute(AFTER_FIND, (*self._next_due_params(), self.node_id))
             now = time.monotonic()
             after = await after_cur.fetchone()
             # due_in_ms is as of the find's end, before the second query ran: never early, and not that late
@@ -324,13 +384,14 @@ class Engine(BatchExecution):
             self.observer.claimed(time.monotonic() - began)
 
     def _start_ticks(self) -> int:
-        """Start the queued ticks that are due, as far as free slots and the principals' caps allow; due
-        ticks left over then join a batch of their principal's when they can (engine/batches.py)."""
+        """Start the queued ticks that are due, as far as free slots, the principals' caps and the slots long
+        attempts may hold allow; due ticks left over then join a batch of their principal's when they can
+        (engine/batches.py)."""
         free = self._free_slots()
         if free <= 0 or not len(self._queue):
             return 0
         now = time.monotonic()
-        leads = self._queue.take(free, self._ticking_by, self.max_per_principal, now)
+        leads = self._queue.take(free, self._ticking_by, self.max_per_principal, now, self._long_free())
         started = 0
         leads_left = Counter(lead.principal for lead in leads)  # a principal's backlog is dealt among them
         for lead in leads:
@@ -343,11 +404,12 @@ class Engine(BatchExecution):
                 self.counters["claims"] += 1
                 self.counters["coalesced_ticks"] += tick.coalesced
                 started += 1
-            self._spawn(self._run_batch(batch) if batch else self._run_tick(lead))
+            self._spawn(self._run_batch(batch) if batch else self._run_tick(lead), long=self._queue.is_long(lead))
         return started
 
     def _attempt_done(self, task: asyncio.Task[None]) -> None:
         self._running.discard(task)
+        self._long.discard(task)
         self._slots.release()
         self._shared.release()
         self.finished.set()
