@@ -206,5 +206,5 @@ class BatchExecution(Execution):
             result = await self._tick_outcome(conn, item.job, item.tick, claim, item.next_planned_ns, outcome,
                                               [], began)
             if result is not None:
-                self._attempt_logged(item.job, claim, result, started)
+                self._attempt_logged(item.job, claim, result, started, item.next_planned_ns)
         return alone

@@ -261,27 +261,37 @@ class Engine(BatchExecution):
         """Seconds until the next dispatch should run, without a query: while ticks are queued, until the
         first of them may start (None: all wait for a cap or a long slot), or sooner to find a tick not
         queued (_unfound_in); else until FIND_AHEAD_S before the earliest due tick as of the last find or
-        claim (or next_due_in), so that the find comes before it, and once within that, until it is due."""
+        claim (or next_due_in) or of a job whose attempt ended here, so that the find comes before it, and
+        once within that, until it is due."""
         now = time.monotonic()
+        waits: list[float] = []
         if len(self._queue):
             queued = self._queue.next_due_in(self._ticking_by, self.max_per_principal, now, self._long_free())
             unfound = self._unfound_in(now)
-            if unfound is None or queued is None:
-                return queued if unfound is None else wake_in(unfound)
-            return min(queued, wake_in(unfound))
-        if self._due is None:
-            return None
-        seconds, measured = self._due
-        return wake_in(max(0.0, seconds - (now - measured)))
+            waits = [wait for wait in (queued, None if unfound is None else wake_in(unfound)) if wait is not None]
+        else:
+            if self._due is not None:
+                seconds, measured = self._due
+                waits.append(wake_in(max(0.0, seconds - (now - measured))))
+            if self.ahead is not None:
+                waits.append(wake_in(max(0.0, self.ahead - now)))
+        return min(waits) if waits else None
 
     def _unfound_in(self, now: float) -> float | None:
-        """Seconds until the earliest tick this engine could start as of the last find or claim, when that
-        was beyond the finder's horizon then: not queued, however long the queued ones wait (a cap, or
-        long slots); None otherwise."""
-        if self._due is None or self._due[0] * 1000 <= HORIZON_MS:
-            return None
-        seconds, measured = self._due
-        return max(0.0, seconds - (now - measured))
+        """Seconds until the earliest tick not queued, however long the queued ones wait (a cap, or long
+        slots): the earliest one this engine could start as of the last find or claim, when that was beyond
+        the finder's horizon then, or the next tick of a job whose attempt ended here since (``ahead``);
+        None when there is none."""
+        dues = [] if self.ahead is None else [self.ahead - now]
+        if self._due is not None and self._due[0] * 1000 > HORIZON_MS:
+            seconds, measured = self._due
+            dues.append(seconds - (now - measured))
+        return max(0.0, min(dues)) if dues else None
+
+    def _unqueued_due(self, now: float) -> bool:
+        """Is a tick about due that no find has seen yet (_unfound_in)?"""
+        unfound = self._unfound_in(now)
+        return unfound is not None and unfound <= FIND_AHEAD_S
 
     def _long_free(self) -> int:
         """How many more long attempts may start here (claims made and not started count)."""
@@ -300,14 +310,16 @@ class Engine(BatchExecution):
         """Start due work in the free slots; returns how many attempts started. Ticks come from the queue,
         found again when it is empty or stale (one round trip, which also says whether the lease path has
         work); then, when it has, claim_due for the lease path (non-atomic and cron jobs, requests, resumed
-        claims). Ticks are found again sooner when the next one due was not queued (_unfound_in)."""
+        claims). Ticks are found again sooner when one due was not queued (_unqueued_due)."""
         self.claim_filled = False
         if self.stopping:
             return 0
-        started = self._start_ticks()
+        # a queue past its time is found again before it deals: a principal whose tick came due since the
+        # last find competes for the free slots (those may have been busy for long: a turnover)
+        stale = self._queue.stale(time.monotonic(), self._ticking_by, self.max_per_principal)
+        started = 0 if stale else self._start_ticks()
         now = time.monotonic()
-        if self._free_slots() > 0 and (self._find_now or not len(self._queue) or self._queue.stale(
-                now, self._ticking_by, self.max_per_principal) or (self._unfound_in(now) or 1.0) <= FIND_AHEAD_S):
+        if self._free_slots() > 0 and (stale or self._find_now or not len(self._queue) or self._unqueued_due(now)):
             if started:
                 await asyncio.sleep(0)  # the ticks just started send their queries before the find's
             await self._find_ticks()
@@ -361,6 +373,8 @@ class Engine(BatchExecution):
         plus one to load the definitions this engine lacks."""
         self._find_now = False
         began = time.monotonic()
+        if self.ahead is not None and self.ahead <= began + HORIZON_MS / 1000:
+            self.ahead = None  # this find sees it
         async with self._pool.connection() as conn:
             async with conn.pipeline():
                 cur = await conn.execute(FIND_TICKS, (self.node_id, FIND_BATCH, HORIZON_MS, list(self._ticking),

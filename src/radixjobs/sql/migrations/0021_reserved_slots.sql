@@ -81,7 +81,7 @@ END $$;
 -- - `long_ms`, `max_long`: at most `max_long` of the claimed attempts are long (their job's timeout is
 --   above `long_ms`); once that many are taken, each principal's scan passes its long ticks by and takes
 --   its short ones. A round of the deal may take a few more long ones than were left (one scan per
---   principal); the last of them (in claim order) are then left unclaimed. NULL: no limit.
+--   principal); those then kept go by the deal's own order, the others stay due. NULL: no limit.
 -- - `served`: the deal's tie-break (radix._claim_shares).
 DROP FUNCTION radix.claim_due(text, integer, boolean, integer, integer, boolean);
 CREATE FUNCTION radix.claim_due(node text, max_claims integer, with_cron boolean DEFAULT true,
@@ -111,6 +111,8 @@ DECLARE
     budget integer;
     ps oid[];
     runs integer[];
+    ps0 oid[];  -- the principals dealt to, and their running attempts before this claim
+    runs0 integer[];
     dues bigint[];
     shares oid[];
     share_counts integer[];
@@ -155,6 +157,8 @@ BEGIN
         INTO ps, runs, dues
         FROM radix._principal_load() l
         WHERE l.first_due_ns <= now_ns AND (cap IS NULL OR l.running < cap);
+        ps0 := ps;
+        runs0 := runs;
         -- every round ends the claim or drops a principal (done or at its cap): at most one per principal
         FOR deal IN 1 .. cardinality(ps) LOOP
             EXIT WHEN budget <= 0 OR cardinality(ps) = 0;
@@ -203,14 +207,24 @@ BEGIN
               AND (cap IS NULL OR u.n + coalesce(t.k, 0) < cap);
         END LOOP;
     END IF;
-    IF long_left < 0 THEN  -- one round took more long ones than were left: the last of them stay due
+    IF long_left < 0 THEN
+        -- a round took more long ones than were left: the long ones kept are dealt as the slots were, by
+        -- their principals' running attempts plus what this claim gave them before, then `served`
         picked := ARRAY(
-            SELECT x.id FROM (
-                SELECT p.id, p.i, j.deadline_ms > long_ms AS long,
-                       count(*) FILTER (WHERE j.deadline_ms > long_ms) OVER (ORDER BY p.i) AS nth_long
-                FROM unnest(picked) WITH ORDINALITY AS p(id, i) JOIN radix.jobs j ON j.job_id = p.id) x
-            WHERE NOT x.long OR x.nth_long <= long_allowed
-            ORDER BY x.i);
+            WITH x AS (
+                SELECT p.id, p.i, j.deadline_ms > long_ms AS long, s.principal_oid AS pr
+                FROM unnest(picked) WITH ORDINALITY AS p(id, i)
+                JOIN radix.jobs j ON j.job_id = p.id
+                JOIN radix.radix_system_job_state s ON s.job_id = p.id
+            ), leveled AS (
+                SELECT x.*, coalesce(u.n, 0) + row_number() OVER (PARTITION BY x.pr ORDER BY x.i) AS level
+                FROM x LEFT JOIN unnest(ps0, runs0) AS u(p, n) ON u.p = x.pr
+            ), ranked AS (
+                SELECT l.*, row_number() OVER (PARTITION BY l.long ORDER BY l.level,
+                                               array_position(served, l.pr) NULLS FIRST, l.i) AS nth
+                FROM leveled l
+            )
+            SELECT r.id FROM ranked r WHERE NOT r.long OR r.nth <= long_allowed ORDER BY r.i);
     END IF;
     IF cardinality(picked) = 0 THEN
         RETURN;
