@@ -12,6 +12,9 @@ Verbs (each one database round trip, each with its invariant):
 - ``release``: hand back unstarted claims on shutdown.
 - ``renew`` (leases.py): every lease/3 s, one token-fenced UPDATE extends the leases of the attempts in
   progress; a lease found gone ends its attempt. An attempt's length is bounded by its timeout, not its lease.
+
+When to look and what a look may take (the caps, the slots kept from long attempts, the served tie-break):
+engine/dispatch.py, with the policy itself in radixjobs.fairness.
 """
 
 from __future__ import annotations
@@ -45,14 +48,14 @@ from radixjobs.engine.definitions import (
     JobDefinition,
     definition_from_row,
 )
+from radixjobs.engine.dispatch import AFTER_CLAIM, AFTER_FIND, NEXT_DUE, DispatchPolicy
 from radixjobs.engine.execution import Pause
 from radixjobs.engine.leases import DEFAULT_LEASE_S, LeaseKeeper
 from radixjobs.engine.nodes import register_node
-from radixjobs.engine.planning import CRON_DUE, plan_cron
+from radixjobs.engine.planning import plan_cron
 from radixjobs.engine.principals import PrincipalPools
 from radixjobs.engine.slots import Slots
 from radixjobs.engine.ticks import (
-    FIND_AHEAD_S,
     FIND_BATCH,
     FIND_TICKS,
     HORIZON_MS,
@@ -60,7 +63,6 @@ from radixjobs.engine.ticks import (
     Tick,
     TickQueue,
     node_hex,
-    wake_in,
 )
 from radixjobs.fairness import LONG_ATTEMPT_S, Reserve, Served, principal_cap
 
@@ -73,19 +75,6 @@ CLAIM_BATCH = 64
 MAX_DEFINITIONS = 10_000  # cached job definitions (least recently used dropped first) …
 MAX_DEFINITION_BYTES = 16 * 1024 * 1024  # … and at most this much of them (JobDefinition.size_bytes)
 
-# Seconds until the next tick this engine's claim could take: a principal at its cap has nothing due
-# until one of its attempts ends, nor a long tick while no long attempt may start here (radix.next_due_in).
-NEXT_DUE_IN = "radix.next_due_in(%s::pg_catalog.int4, %s::pg_catalog.int4)"
-# After a claim, in its round trip: seconds until the next due tick, and whether cron ticks await planning.
-AFTER_CLAIM = "SELECT " + NEXT_DUE_IN + ", " + CRON_DUE
-NEXT_DUE = "SELECT " + NEXT_DUE_IN
-# After a find of ticks, in its round trip: seconds until the next due tick, and whether the lease path has
-# work (radix.lease_work_due, or cron ticks awaiting planning); between two reads of the clock, whose
-# difference is how long the found ticks' answer waited for this one's.
-AFTER_FIND = ("SELECT " + NEXT_DUE_IN + ", radix.lease_work_due(%s::pg_catalog.text) OR " + CRON_DUE
-              + ", pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-) t.began "
-              "FROM (SELECT pg_catalog.clock_timestamp() AS began OFFSET 0) t")
-
 # The fixed set of counters an engine reports (status and metrics never grow with jobs or errors).
 COUNTER_KEYS = ("claims", "batched_ticks", "successes", "retries", "coalesced_ticks", "ticks_refused",
                 "lease_recoveries", "leases_lost", "terminations", *(f"failures_{c}" for c in retry.Category))
@@ -96,7 +85,7 @@ def default_node_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-class Engine(BatchExecution):
+class Engine(DispatchPolicy, BatchExecution):
     """Runs due work of one database. ``async with Engine(dsn) as e: await e.run_due()``."""
 
     def __init__(self, dsn: str, *, node_id: str | None = None, concurrency: int = 8,
@@ -233,69 +222,12 @@ class Engine(BatchExecution):
                 self.counters["lease_recoveries"] += 1
         return claims
 
-    def _claim_params(self, limit: int, with_cron: bool, long_limit: int | None) -> tuple[Any, ...]:
-        long_ms = None if long_limit is None else self.reserve.long_ms
-        return (self.node_id, limit, with_cron, self.max_per_principal, self.lease_s, long_ms, long_limit,
-                self._served.oldest_first())
-
-    def _long_limit(self, wanted: int) -> int | None:
-        """How many long attempts ``wanted`` more may include (None: all of them)."""
-        free = self._long_free()
-        return None if free >= wanted else free
-
-    def _next_due_params(self) -> tuple[int, int | None]:
-        """radix.next_due_in's: the cap, and the threshold that leaves long ticks out while none may start."""
-        return self.max_per_principal, None if self._long_limit(1) is None else self.reserve.long_ms
-
     async def next_due_in(self) -> float | None:
         """Seconds until the earliest due tick (0 when one is due now), or None when nothing is planned."""
         async with self._pool.connection() as conn:
             cur = await conn.execute(NEXT_DUE, self._next_due_params())
             self._note_due(await cur.fetchone())
         return self.due_in()
-
-    def _note_due(self, row: tuple[Any, ...] | None) -> None:
-        self._due = None if row is None or row[0] is None else (max(0.0, float(row[0])), time.monotonic())
-
-    def due_in(self) -> float | None:
-        """Seconds until the next dispatch should run, without a query: while ticks are queued, until the
-        first of them may start (None: all wait for a cap or a long slot), or sooner to find a tick not
-        queued (_unfound_in); else until FIND_AHEAD_S before the earliest due tick as of the last find or
-        claim (or next_due_in) or of a job whose attempt ended here, so that the find comes before it, and
-        once within that, until it is due."""
-        now = time.monotonic()
-        waits: list[float] = []
-        if len(self._queue):
-            queued = self._queue.next_due_in(self._ticking_by, self.max_per_principal, now, self._long_free())
-            unfound = self._unfound_in(now)
-            waits = [wait for wait in (queued, None if unfound is None else wake_in(unfound)) if wait is not None]
-        else:
-            if self._due is not None:
-                seconds, measured = self._due
-                waits.append(wake_in(max(0.0, seconds - (now - measured))))
-            if self.ahead is not None:
-                waits.append(wake_in(max(0.0, self.ahead - now)))
-        return min(waits) if waits else None
-
-    def _unfound_in(self, now: float) -> float | None:
-        """Seconds until the earliest tick not queued, however long the queued ones wait (a cap, or long
-        slots): the earliest one this engine could start as of the last find or claim, when that was beyond
-        the finder's horizon then, or the next tick of a job whose attempt ended here since (``ahead``);
-        None when there is none."""
-        dues = [] if self.ahead is None else [self.ahead - now]
-        if self._due is not None and self._due[0] * 1000 > HORIZON_MS:
-            seconds, measured = self._due
-            dues.append(seconds - (now - measured))
-        return max(0.0, min(dues)) if dues else None
-
-    def _unqueued_due(self, now: float) -> bool:
-        """Is a tick about due that no find has seen yet (_unfound_in)?"""
-        unfound = self._unfound_in(now)
-        return unfound is not None and unfound <= FIND_AHEAD_S
-
-    def _long_free(self) -> int:
-        """How many more long attempts may start here (claims made and not started count)."""
-        return self.reserve.long_free(len(self._long) + len(self._long_claims))
 
     @property
     def has_free_slot(self) -> bool:
