@@ -7117,8 +7117,9 @@ BEGIN
     SELECT x.p, count(*)::integer
     FROM (SELECT u.p
           FROM unnest(principals, _claim_shares.running, first_due) AS u(p, n, due)
+          LEFT JOIN unnest(served) WITH ORDINALITY AS v(p, turn) ON v.p = u.p
           CROSS JOIN LATERAL generate_series(1, least(budget, coalesce(cap - u.n, budget))) AS g(i)
-          ORDER BY u.n + g.i, array_position(served, u.p) NULLS FIRST, u.due, u.p
+          ORDER BY u.n + g.i, v.turn NULLS FIRST, u.due, u.p
           LIMIT greatest(budget, 0)) x
     GROUP BY x.p;
 END $$;
@@ -7126,8 +7127,8 @@ END $$;
 DROP FUNCTION radix.next_due_in(integer);
 -- Seconds until the earliest tick a claim with this cap could take (<= 0: now), or NULL when there is none:
 -- a principal at its cap has nothing due until one of its attempts ends. With `long_ms`, only ticks of
--- jobs whose timeout is at most that count, looked for among each principal's first 64 live ticks (one
--- whose first 64 are all long waits for an attempt to end, a notification or the poll). While nothing is
+-- jobs whose timeout is at most that count, looked for among each principal's first 16 live ticks (one
+-- whose first 16 are all long waits for an attempt to end, a notification or the poll). While nothing is
 -- due it is one probe of radix_system_job_state_due.
 CREATE FUNCTION radix.next_due_in(max_per_principal integer, long_ms integer DEFAULT NULL) RETURNS float8
 LANGUAGE plpgsql STABLE
@@ -7153,7 +7154,7 @@ BEGIN
                 SELECT w.due_ns
                 FROM (SELECT s.job_id, s.due_ns FROM radix.radix_system_job_state s
                       WHERE s.principal_oid = l.principal AND s.status IN ('scheduled', 'running', 'retry_wait')
-                      ORDER BY s.due_ns LIMIT 64) w
+                      ORDER BY s.due_ns LIMIT 16) w
                 JOIN radix.jobs j ON j.job_id = w.job_id
                 WHERE j.deadline_ms <= long_ms
                 ORDER BY w.due_ns LIMIT 1) x
