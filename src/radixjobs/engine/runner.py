@@ -386,7 +386,8 @@ class Engine(DispatchPolicy, BatchExecution):
         while time.monotonic() < end and not self.cancel.is_set():
             total += await self.dispatch_due()
             wait = await self.next_due_in()
-            wait = poll_s if wait is None else min(wait, poll_s)
+            # every slot busy: until an attempt ends (``finished``), never a loop of waits of 0
+            wait = poll_s if wait is None or not self.has_free_slot else min(wait, poll_s)
             await self.wait_for_work(max(0.0, min(wait, end - time.monotonic())))
         if self._running:
             await asyncio.wait(self._running)
