@@ -6,8 +6,13 @@ victim's job never ran. Now a claim deals slots round-robin among principals wit
 first, then oldest due tick) and a principal with ``max_per_principal`` attempts running in the database
 (every node counted) gets no more.
 
-Every hostile job here is created by the hostile role itself through radix.create_job, and its procedure
-creates more of them, as in the attack. Waits are on conditions, bounded.
+A second attack (red team): a tenant owned jobs RUN AS itself and as a second principal it may SET ROLE to,
+each WITH (timeout = '7 days') and trapping every cancel, and held every slot for as long as they ran. Now
+long attempts (a timeout above --long-attempt) never hold an engine's reserved slots, and a free slot goes to
+the principal with the fewest running, then the one this node served least recently.
+
+Every hostile job here is created by the hostile role itself (radix.create_job, or CREATE JOB as each owner),
+as in the attacks. Waits are on conditions, bounded.
 """
 
 from __future__ import annotations
