@@ -19,13 +19,13 @@ from tests.apps import App
 from tests.support import wait_for
 
 BREAK_NEXT_DUE_IN = """
-ALTER FUNCTION radix.next_due_in(integer) RENAME TO next_due_in_saved;
-CREATE FUNCTION radix.next_due_in(integer) RETURNS float8 LANGUAGE plpgsql AS
+ALTER FUNCTION radix.next_due_in(integer, integer) RENAME TO next_due_in_saved;
+CREATE FUNCTION radix.next_due_in(integer, integer) RETURNS float8 LANGUAGE plpgsql AS
 $$ BEGIN RAISE EXCEPTION 'provoked by the test'; END $$;
 """
 MEND_NEXT_DUE_IN = """
-DROP FUNCTION radix.next_due_in(integer);
-ALTER FUNCTION radix.next_due_in_saved(integer) RENAME TO next_due_in;
+DROP FUNCTION radix.next_due_in(integer, integer);
+ALTER FUNCTION radix.next_due_in_saved(integer, integer) RENAME TO next_due_in;
 """
 
 

@@ -6,8 +6,13 @@ victim's job never ran. Now a claim deals slots round-robin among principals wit
 first, then oldest due tick) and a principal with ``max_per_principal`` attempts running in the database
 (every node counted) gets no more.
 
-Every hostile job here is created by the hostile role itself through radix.create_job, and its procedure
-creates more of them, as in the attack. Waits are on conditions, bounded.
+A second attack (red team): a tenant owned jobs RUN AS itself and as a second principal it may SET ROLE to,
+each WITH (timeout = '7 days') and trapping every cancel, and held every slot for as long as they ran. Now
+long attempts (a timeout above --long-attempt) never hold an engine's reserved slots, and a free slot goes to
+the principal with the fewest running, then the one this node served least recently.
+
+Every hostile job here is created by the hostile role itself (radix.create_job, or CREATE JOB as each owner),
+as in the attacks. Waits are on conditions, bounded.
 """
 
 from __future__ import annotations
@@ -24,10 +29,11 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from radixjobs import documents
+from radixjobs import catalog, documents
 from radixjobs.documents import DocumentScheduler
 from radixjobs.engine import Engine
-from radixjobs.fairness import fair_order, principal_cap
+from radixjobs.fairness import LONG_ATTEMPT_S, Reserve, fair_order, principal_cap, reserved_slots
+from tests.acceptance.conftest import run_cli
 from tests.acceptance.serving import Serve
 from tests.apps import App
 from tests.support import PgCluster, wait_for
@@ -110,16 +116,19 @@ def _dbname(dsn: str) -> str:
 
 
 # -- the claim order, at the SQL level -----------------------------------------------------------------
-def _job(conn: psycopg.Connection[Any], name: str, principal: str, due_ns: int) -> None:
+def _job(conn: psycopg.Connection[Any], name: str, principal: str, due_ns: int, timeout: str | None = None) -> None:
     conn.execute("SELECT radix.create_job(%s, '{\"every\": \"1 hour\"}', %s, 'app.record', "
-                 "'[{\"kind\": \"string\", \"value\": \"x\"}]')", (name, principal))
+                 "'[{\"kind\": \"string\", \"value\": \"x\"}]', timeout => %s::interval)",
+                 (name, principal, timeout))
     conn.execute("UPDATE radix.radix_system_job_state SET due_ns = %s WHERE job_id = "
                  "(SELECT job_id FROM radix.jobs WHERE schema_name || '.' || job_name = %s)", (due_ns, name))
 
 
-def _claimed(conn: psycopg.Connection[Any], node: str, limit: int, cap: int | None) -> list[str]:
-    rows = conn.execute("SELECT j.principal_name, j.job_name FROM radix.claim_due(%s, %s, true, %s) c "
-                        "JOIN radix.jobs j USING (job_id)", (node, limit, cap)).fetchall()
+def _claimed(conn: psycopg.Connection[Any], node: str, limit: int, cap: int | None, long_ms: int | None = None,
+             max_long: int | None = None, served: list[int] | None = None) -> list[str]:
+    rows = conn.execute("SELECT j.principal_name, j.job_name FROM radix.claim_due(%s, %s, true, %s, 300, false, "
+                        "%s, %s, %s::oid[]) c JOIN radix.jobs j USING (job_id)",
+                        (node, limit, cap, long_ms, max_long, served)).fetchall()
     return sorted(f"{r[0]}:{r[1]}" for r in rows)
 
 
@@ -331,3 +340,250 @@ def test_document_runs_are_dealt_round_robin() -> None:
     due = ["h1", "h2", "h3", "v1", "w1", "w2"]
     assert fair_order(due, lambda n: n[0], {}) == ["h1", "v1", "w1", "h2", "w2", "h3"]
     assert fair_order(due, lambda n: n[0], {"h": 2, "w": 1}) == ["v1", "w1", "h1", "w2", "h2", "h3"]
+
+
+# -- long attempts: the reserved slots -------------------------------------------------------------------
+# The attack (red team): a tenant owns 4 jobs RUN AS itself and 4 RUN AS a second principal it may SET ROLE
+# to, each WITH (timeout = '7 days'), whose procedure traps every cancel. With 4 slots per database (a cap of
+# 2 per principal) they held all 4 for as long as they ran, and the victim, another owner, ran 0 times.
+# Now long attempts (a timeout above --long-attempt) hold at most the slots less the reserved ones.
+
+# Holds its slot until the test inserts into hostile.stop, catching every cancel (statement_timeout and the
+# engine's own): only the engine's termination past the job's timeout (+ grace) would end it sooner.
+HOLD_SQL = """
+CREATE TABLE hostile.stop (at timestamptz NOT NULL DEFAULT clock_timestamp());
+CREATE PROCEDURE hostile.hold() LANGUAGE plpgsql AS $$
+BEGIN
+    WHILE NOT EXISTS (SELECT 1 FROM hostile.stop) LOOP
+        BEGIN
+            PERFORM pg_sleep(0.1);
+        EXCEPTION WHEN query_canceled THEN
+            NULL;
+        END;
+    END LOOP;
+END $$;
+"""
+RUNNING_OF = ("SELECT count(*) FROM radix.radix_system_job_state s JOIN radix.jobs j USING (job_id) "
+              "WHERE s.status = 'running' AND j.principal_name = ANY (%s) AND j.deadline_ms > %s")
+ATTEMPTS_OF = ("SELECT count(*) FROM radix.radix_system_job_history h JOIN radix.jobs j USING (job_id) "
+               "WHERE j.principal_name = %s")
+
+
+@dataclass
+class Landlord:
+    """A tenant with a second principal it may SET ROLE to (and a spare one), and a victim owner."""
+
+    tenants: Tenants
+    second: str
+    spare: str
+
+    def hold(self, owner: str, principal: str, jobs: int, timeout: str) -> None:
+        """``owner`` (the tenant, or a role it sets) creates ``jobs`` jobs due in 1970 RUN AS ``principal``
+        that hold their slots, through CREATE JOB."""
+        with self.tenants.as_role(self.tenants.hostile) as c:
+            if owner != self.tenants.hostile:
+                c.execute(sql.SQL("SET ROLE {}").format(sql.Identifier(owner)))
+            for _ in range(jobs):
+                catalog.execute_job_ddl(c, f"CREATE JOB hostile.h{uuid.uuid4().hex[:12]} SCHEDULE AT TIMESTAMP "
+                                           f"'1970-01-01 00:00:00+00' RUN AS {principal} CALL hostile.hold() "
+                                           f"WITH (timeout = '{timeout}')")
+
+    def victim_every_second(self, timeout: str = "4 minutes") -> None:
+        with self.tenants.as_role(self.tenants.victim) as c:
+            catalog.execute_job_ddl(c, f"CREATE JOB victim.tick SCHEDULE EVERY INTERVAL '1 second' "
+                                       f"RUN AS {self.tenants.victim} CALL victim.work() WITH (timeout = '{timeout}')")
+
+    def long_running(self, long_ms: int = 300_000) -> int:
+        row = self.tenants.conn.execute(RUNNING_OF, ([self.tenants.hostile, self.second], long_ms)).fetchone()
+        return int(row[0]) if row else 0
+
+    def attempts(self, principal: str) -> int:
+        row = self.tenants.conn.execute(ATTEMPTS_OF, (principal,)).fetchone()
+        return int(row[0]) if row else 0
+
+    def victim_runs(self) -> int:
+        row = self.tenants.conn.execute("SELECT count(*) FROM victim.runs").fetchone()
+        return int(row[0]) if row else 0
+
+    def stop(self) -> None:
+        self.tenants.conn.execute("INSERT INTO hostile.stop DEFAULT VALUES")
+
+
+@pytest.fixture
+def landlord(tenants: Tenants, roles: Any) -> Landlord:
+    second, spare = roles("second"), roles("spare")
+    with tenants.as_role(tenants.hostile) as c:
+        c.execute(HOLD_SQL.encode())
+    for role in (second, spare):  # principals the tenant may SET ROLE to (and so create jobs as)
+        tenants.conn.execute(sql.SQL("GRANT {} TO {}").format(sql.Identifier(role), sql.Identifier(tenants.hostile)))
+        with tenants.as_role(tenants.hostile) as c:
+            c.execute(sql.SQL("GRANT USAGE, CREATE ON SCHEMA hostile TO {0}; GRANT SELECT ON hostile.stop TO {0}")
+                      .format(sql.Identifier(role)))
+    return Landlord(tenants, second, spare)
+
+
+async def _until(condition: Callable[[], bool], within_s: float, message: str) -> None:
+    deadline = time.monotonic() + within_s
+    while not condition():
+        assert time.monotonic() < deadline, message
+        await asyncio.sleep(0.05)
+
+
+def test_long_attempts_leave_the_reserved_slot_to_the_victims_schedule(landlord: Landlord) -> None:
+    t = landlord.tenants
+    landlord.hold(t.hostile, t.hostile, 4, "7 days")
+    landlord.hold(landlord.second, landlord.second, 4, "7 days")  # owned by the second principal as well
+
+    async def go() -> tuple[int, float, int]:
+        # 4 slots, 2 per principal, 1 reserved: the long attempts hold 3. A 5 s poll: the victim's every-second
+        # schedule is kept by the engine's timer, not by polling.
+        async with Engine(t.db, node_id="reserve", concurrency=4, grace_s=0.5) as engine:
+            assert (engine.max_per_principal, engine.reserve.long_cap) == (2, 3)
+            task = asyncio.create_task(engine.run_for(120, poll_s=5.0))
+            try:
+                await _until(lambda: landlord.long_running() == 3, 30, "the long attempts to take their slots")
+                landlord.victim_every_second()
+                made, most = time.monotonic(), 3
+                while landlord.victim_runs() < 5:
+                    most = max(most, landlord.long_running())
+                    assert time.monotonic() - made < 30, f"the victim ran {landlord.victim_runs()} times"
+                    await asyncio.sleep(0.05)
+                return most, time.monotonic() - made, landlord.long_running()
+            finally:
+                landlord.stop()
+                engine.cancel.set()
+                await task
+
+    most, took, holding = asyncio.run(go())
+    assert most == 3  # never the reserved slot
+    assert holding == 3  # the victim ran while every long attempt held its slot
+    assert took < 15  # 5 runs of an every-second job: about 4 s, not a 5 s poll apart (each long one holds 7 days)
+
+
+def test_a_spare_principal_does_not_win_every_turn_of_the_reserved_slot(landlord: Landlord) -> None:
+    """The reserved slot turns over, and a free slot goes to the principal with the fewest running, then to
+    the one served least recently: the tenant's spare principal, whose short attempts (ended by the engine 1
+    s + grace after they start) are due in 1970, takes every other turn, not every one."""
+    t = landlord.tenants
+    landlord.hold(t.hostile, t.hostile, 4, "7 days")
+    landlord.hold(t.hostile, landlord.second, 4, "7 days")
+    landlord.hold(t.hostile, landlord.spare, 8, "1 second")
+
+    async def go() -> tuple[int, int]:
+        async with Engine(t.db, node_id="turns", concurrency=4, grace_s=0.5) as engine:
+            task = asyncio.create_task(engine.run_for(120, poll_s=0.5))
+            try:
+                await _until(lambda: landlord.long_running() == 3, 30, "the long attempts to take their slots")
+                await _until(lambda: landlord.attempts(landlord.spare) >= 1, 30, "the spare principal's turn")
+                landlord.victim_every_second()
+                await _until(lambda: landlord.victim_runs() >= 3, 40,
+                             f"the victim's turns (the spare's attempts: {landlord.attempts(landlord.spare)})")
+                return landlord.attempts(landlord.spare), landlord.long_running()
+            finally:
+                landlord.stop()
+                engine.cancel.set()
+                await task
+
+    spare, holding = asyncio.run(go())
+    assert spare >= 2  # it kept competing for the reserved slot
+    assert holding == 3
+
+
+def test_the_daemon_keeps_the_reserve_and_its_flag_beats_the_environment(landlord: Landlord, tmp_path: Path) -> None:
+    """RADIXJOBS_LONG_ATTEMPT=120 makes attempts with the default timeout of 4 minutes long (the victim's is 1
+    minute); --reserved-slots 1 beats the environment's 0. No cap per principal: the reserve alone holds."""
+    t = landlord.tenants
+    landlord.hold(t.hostile, t.hostile, 4, "4 minutes")
+    daemon = Serve(tmp_path, "--per-database-concurrency", "3", "--max-per-principal", "0", "--reserved-slots", "1",
+                   "--poll", "5", "--grace", "0",
+                   env={"RADIXJOBS_DSN": t.db, "RADIXJOBS_RESERVED_SLOTS": "0", "RADIXJOBS_LONG_ATTEMPT": "120"},
+                   name="reserve")
+    try:
+        wait_for(lambda: landlord.long_running(120_000) == 2, timeout=60, message="the long attempts to hold 2 slots")
+        landlord.victim_every_second("1 minute")
+        made, most = time.monotonic(), 2
+        while landlord.victim_runs() < 5:
+            most = max(most, landlord.long_running(120_000))
+            assert time.monotonic() - made < 30, f"the victim ran {landlord.victim_runs()} times"
+            time.sleep(0.05)
+        assert time.monotonic() - made < 15
+        assert most == 2
+        assert landlord.long_running(120_000) == 2
+    finally:
+        daemon.stop()
+        landlord.stop()
+
+
+def test_a_claim_takes_no_more_long_attempts_than_it_may(app: App, roles: Any) -> None:
+    """radix.claim_due with long_ms and max_long: once max_long long ticks are taken, each principal's scan
+    passes its long ticks by and takes its short ones; radix.next_due_in with long_ms leaves long ticks out."""
+    h, v = app.principal, roles("v")
+    app.conn.execute(sql.SQL("GRANT USAGE ON SCHEMA app TO {0}; GRANT INSERT ON app.effects TO {0}; "
+                             "GRANT USAGE ON SEQUENCE app.effects_id_seq TO {0}").format(sql.Identifier(v)))
+    for i in range(3):
+        _job(app.conn, f"app.long{i}", h, 1000 + 2 * i, timeout="1 hour")
+        _job(app.conn, f"app.short{i}", h, 1001 + 2 * i)
+    assert _claimed(app.conn, "n1", 10, None, 300_000, 1) == sorted(
+        [f"{h}:long0", f"{h}:short0", f"{h}:short1", f"{h}:short2"])
+    row = app.conn.execute("SELECT radix.next_due_in(0, 300000), radix.next_due_in(0)").fetchone()
+    assert row is not None
+    assert row[0] > 200  # only long ticks are due (the claimed short ones again when their leases end)
+    assert row[1] <= 0
+    assert _claimed(app.conn, "n1", 10, None, 300_000, 0) == []
+    # two principals' scans take 3 long ones where 2 are left: the one kept is h's first, v's only
+    _job(app.conn, "app.vlong", v, 1000, timeout="1 hour")
+    assert _claimed(app.conn, "n1", 10, None, 300_000, 2) == sorted([f"{h}:long1", f"{v}:vlong"])
+    assert _claimed(app.conn, "n1", 10, None) == [f"{h}:long2"]  # NULL: no limit
+
+
+def test_ties_go_to_the_principal_served_least_recently(three: tuple[App, str, str, str]) -> None:
+    app, h, v, w = three
+    oid = {r: int(app.conn.execute("SELECT %s::regrole::oid", (r,)).fetchone()[0])  # type: ignore[index]
+           for r in (h, v, w)}
+    # every principal has 0 running: h (due in 1970) would win the tie; h and w were served more recently
+    assert _claimed(app.conn, "n1", 1, None, served=[oid[w], oid[h]]) == [f"{v}:v0"]
+    assert _claimed(app.conn, "n1", 1, None, served=[oid[v], oid[h]]) == [f"{w}:w0"]  # v now has 1 running
+
+
+def test_a_batch_never_mixes_long_and_short_ticks(app: App) -> None:
+    """A tick batch holds its lead's slot, and its ticks not run in it then run alone there: its ticks are
+    all long or all short. The ticks of one batch share their start in the history."""
+    for i in range(24):
+        app.job(f"CREATE JOB app.b{i} SCHEDULE AT TIMESTAMP '1970-01-01 00:00:00+00' RUN AS {{p}} "
+                f"CALL app.record('b') WITH (timeout = '{'1 hour' if i % 2 else '1 minute'}')")
+    app.run(concurrency=2)
+    rows = app.conn.execute(
+        "SELECT h.started_at, bool_and(j.deadline_ms > 300000), bool_or(j.deadline_ms > 300000), count(*) "
+        "FROM radix.radix_system_job_history h JOIN radix.jobs j USING (job_id) GROUP BY h.started_at").fetchall()
+    assert sum(r[3] for r in rows) == 24
+    assert any(r[3] > 1 for r in rows), "no batch formed"
+    assert all(r[1] == r[2] for r in rows), rows
+
+
+def test_the_reserve_defaults_to_a_quarter_of_the_slots() -> None:
+    assert [reserved_slots(n, None) for n in (1, 2, 3, 4, 8, 16)] == [0, 1, 1, 1, 2, 4]
+    assert reserved_slots(16, 0) == 0
+    assert reserved_slots(16, 16) == 16  # no long attempt runs there
+    with pytest.raises(ValueError, match="17 reserved slots"):
+        reserved_slots(16, 17)
+    with pytest.raises(ValueError):
+        reserved_slots(16, -1)
+    reserve = Reserve.of(16, None, LONG_ATTEMPT_S)
+    assert (reserve.long_ms, reserve.long_cap) == (300_000, 12)
+    assert not reserve.is_long(240_000)  # the default job timeout
+    assert reserve.is_long(300_001)
+    assert reserve.long_free(12) == 0
+    with pytest.raises(ValueError):
+        Reserve.of(16, None, 0)
+
+
+def test_reserving_more_slots_than_there_are_is_one_clear_line(app: App) -> None:
+    result = run_cli("run", "--once", "--dsn", app.dsn, "--concurrency", "8", "--reserved-slots", "9")
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert "--reserved-slots" in result.stderr
+    assert "9 is more than the 8 slots of --concurrency" in result.stderr
+    result = run_cli("run", "--once", "--dsn", app.dsn, env={"RADIXJOBS_LONG_ATTEMPT": "0"})
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert "--long-attempt" in result.stderr

@@ -18,10 +18,11 @@ from radixjobs.engine.ticks import (
     TickQueue,
     wake_in,
 )
+from radixjobs.fairness import Reserve, Served
 
 
-def _tick(principal: int, due_at: float, n: int) -> Tick:
-    return Tick(uuid.UUID(int=n), 1, n, 0, 0, 0, due_at, uuid.UUID(int=n), principal, 0)
+def _tick(principal: int, due_at: float, n: int, deadline_ms: int = 240_000) -> Tick:
+    return Tick(uuid.UUID(int=n), 1, n, 0, 0, 0, due_at, uuid.UUID(int=n), principal, 0, deadline_ms)
 
 
 def test_a_batch_takes_the_due_ticks_left_over_that_fit_and_keeps_the_others_in_order() -> None:
@@ -85,3 +86,36 @@ def test_a_node_wakes_to_find_the_next_tick_ahead_once_then_at_its_time(due_in: 
     now means no sleep: the early wake happens once, never as a loop of sleeps of 0."""
     assert FIND_AHEAD_S * 1000 < HORIZON_MS
     assert wake_in(due_in) == pytest.approx(sleep)
+
+
+LONG = 7 * 86_400_000  # WITH (timeout = '7 days')
+
+
+def test_long_ticks_start_only_while_long_slots_are_free_and_a_principal_then_gets_its_short_one() -> None:
+    queue = TickQueue(Reserve(long_ms=300_000, long_cap=3))
+    queue.replace([_tick(1, 0.0, 0, LONG), _tick(1, 0.0, 1, LONG), _tick(1, 0.0, 2), _tick(2, 0.0, 3, LONG)], 64, 0.0)
+    taken = queue.take(4, {}, 0, 1.0, long_free=1)
+    assert sorted(t.planned_ns for t in taken) == [0, 2]  # one long one, then principal 1's short one
+    assert queue.next_due_in({}, 0, 1.0, long_free=0) is None  # the rest are long: they wait for a long slot
+    assert queue.next_due_in({}, 0, 1.0, long_free=1) == 0.0
+    assert sorted(t.planned_ns for t in queue.take(4, {}, 0, 1.0, long_free=None)) == [1, 3]  # None: no limit
+
+
+def test_ties_go_to_the_principal_served_least_recently() -> None:
+    served = Served()
+    queue = TickQueue(served=served)
+    queue.replace([_tick(1, 0.0, 0), _tick(2, 5.0, 1)], 64, 0.0)
+    served.note(1)  # 1's tick is older, but 1 was served and 2 never was
+    assert [t.principal for t in queue.take(1, {}, 0, 10.0)] == [2]
+    assert served.oldest_first() == [1, 2]
+    queue.replace([_tick(1, 0.0, 2), _tick(2, 0.0, 3)], 64, 0.0)
+    assert [t.principal for t in queue.take(1, {}, 0, 10.0)] == [1]  # now 1 waited longer
+    assert [t.principal for t in queue.take(1, {1: 1}, 0, 10.0)] == [2]  # fewer running comes first
+
+
+def test_a_principal_forgotten_by_the_served_memory_counts_as_never_served() -> None:
+    served = Served(limit=2)
+    for principal in (1, 2, 3):
+        served.note(principal)
+    assert served.oldest_first() == [2, 3]
+    assert served.rank(1) == 0 < served.rank(2) < served.rank(3)

@@ -17,6 +17,7 @@ from radixjobs.config import Target, open_target
 from radixjobs.db import bound_lock_waits, connect
 from radixjobs.engine.batches import BATCH_MAX
 from radixjobs.errors import RadixError
+from radixjobs.fairness import LONG_ATTEMPT_S
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -121,6 +122,30 @@ def max_per_principal_option(default: str, counted: str = "in a database, all no
         "--max-per-principal", envvar="RADIXJOBS_MAX_PER_PRINCIPAL", default=None, type=click.IntRange(min=0),
         metavar="N", help=f"Attempts one principal (RUN AS role) may have running {counted}; 0: no cap. "
                           f"Default: {default}. Env: RADIXJOBS_MAX_PER_PRINCIPAL.")
+
+
+def reserve_options(slots: str) -> Callable[[F], F]:
+    """``--reserved-slots N`` and ``--long-attempt SECONDS`` (or RADIXJOBS_RESERVED_SLOTS and
+    RADIXJOBS_LONG_ATTEMPT; a flag wins): see docs/security.md "Fair claims"."""
+    def decorate(function: F) -> F:
+        function = click.option(
+            "--long-attempt", envvar="RADIXJOBS_LONG_ATTEMPT", default=LONG_ATTEMPT_S, show_default=True,
+            type=click.FloatRange(0, 604_800, min_open=True), metavar="SECONDS",
+            help="An attempt whose job's timeout is above this is long: long attempts never hold the reserved "
+                 "slots. Env: RADIXJOBS_LONG_ATTEMPT.")(function)
+        return click.option(
+            "--reserved-slots", envvar="RADIXJOBS_RESERVED_SLOTS", default=None, type=click.IntRange(min=0),
+            metavar="N", help=f"Slots of {slots} kept for attempts that are not long (0: none; all of them: no "
+                              f"long attempt runs here). Default: a quarter of them, at least 1 when there are 2 "
+                              f"or more. Env: RADIXJOBS_RESERVED_SLOTS.")(function)
+    return decorate
+
+
+def check_reserved_slots(reserved: int | None, slots: int, slots_flag: str) -> None:
+    """A usage error naming both flags when more slots are reserved than there are."""
+    if reserved is not None and reserved > slots:
+        raise click.BadParameter(f"{reserved} is more than the {slots} slots of {slots_flag}",
+                                 param_hint="--reserved-slots")
 
 
 def tick_batch_option(function: F) -> F:

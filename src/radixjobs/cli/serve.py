@@ -11,12 +11,14 @@ import psycopg
 from radixjobs import output
 from radixjobs.cli.common import (
     Options,
+    check_reserved_slots,
     common_options,
     database,
     emit,
     ensure_schema,
     many_dsns_options,
     max_per_principal_option,
+    reserve_options,
     tick_batch_option,
 )
 from radixjobs.config import Target, open_target, resolve_dsn
@@ -62,6 +64,7 @@ if TYPE_CHECKING:
               help="Attempts running at once per --dsn target (cluster). [default: --concurrency split evenly "
                    "among the targets]")
 @max_per_principal_option("half of --per-database-concurrency")
+@reserve_options("each database (--per-database-concurrency)")
 @tick_batch_option
 @click.option("--grace", default=30.0, show_default=True, type=click.FloatRange(min=0),
               help="Seconds running attempts get to finish on shutdown before they are cancelled.")
@@ -85,7 +88,7 @@ def serve_command(opts: Options, http: str, http_max_connections: int | None, ht
                   http_allowed_hosts: tuple[str, ...], http_auth: str, http_token: str | None, all_databases: bool,
                   node_id: str | None, concurrency: int,
                   per_database_concurrency: int, per_cluster_concurrency: int | None, max_per_principal: int | None,
-                  tick_batch: int, grace: float, poll: float,
+                  reserved_slots: int | None, long_attempt: float, tick_batch: int, grace: float, poll: float,
                   discovery_interval: float, lease_seconds: int, log_format: str, event_loop: str, demo: bool,
                   services: tuple[str, ...]) -> None:
     """Run the scheduler daemon until SIGINT/SIGTERM (several clusters: repeat --dsn)."""
@@ -97,6 +100,7 @@ def serve_command(opts: Options, http: str, http_max_connections: int | None, ht
     from radixjobs.server.reload import log_config_warning, parse_services, serve_reloader
 
     allowed = parse_services(services)
+    check_reserved_slots(reserved_slots, per_database_concurrency, "--per-database-concurrency")
     loop_factory = _loop_factory(event_loop)
     http_host, sockets, hosts = _http_endpoint(http, http_allowed_hosts)  # a busy port: before anything starts
     configure(logging.DEBUG if logging.getLogger().isEnabledFor(logging.DEBUG) else logging.INFO, log_format)
@@ -111,8 +115,9 @@ def serve_command(opts: Options, http: str, http_max_connections: int | None, ht
             _check_at_start(each, demo)
         config = DaemonConfig(dsn=target.dsn, all_databases=all_databases or target.embedded is not None,
                               concurrency=concurrency, per_database_concurrency=per_database_concurrency,
-                              max_per_principal=max_per_principal,
-                              grace_s=grace, poll_s=poll, discovery_s=discovery_interval, services=allowed,
+                              max_per_principal=max_per_principal, reserved_slots=reserved_slots,
+                              long_attempt_s=long_attempt, grace_s=grace, poll_s=poll, discovery_s=discovery_interval,
+                              services=allowed,
                               lease_s=lease_seconds, extra_dsns=[other.dsn for other in others],
                               per_cluster_concurrency=per_cluster_concurrency, tick_batch=tick_batch)
         if node_id:

@@ -19,6 +19,8 @@ Invariants:
   tick as found: each then runs alone, unless the engine is being cancelled (shutdown), when they stay due.
   When the COMMIT is in doubt, each tick's marker is read from the history, and a tick without one runs
   alone.
+- A batch holds its lead's slot, and its ticks are all long or all short as the lead is (its ticks not run
+  in it run alone in that slot afterwards): no long tick ever runs in a slot kept from long attempts.
 - Only procedures whose last attempt here took at most BATCH_TICK_MS run in batches (ticks.Durations), no
   more of them than take BATCH_BUDGET_MS at that duration: a batch holds its ticks' locks and hides their
   effects until its COMMIT, so no long procedure holds others, nor many short ones for long.
@@ -108,7 +110,9 @@ class BatchExecution(Execution):
 
     def _batch_with(self, lead: Tick, now: float, leads_left: Counter[int]) -> list[BatchItem]:
         """A batch led by ``lead``: the due ticks still queued of the same principal, owner and procedure,
-        an even share of them among the ``leads_left`` of that principal (this one included), up to
+        long as the lead is or short as it is (the batch holds the lead's slot, and its ticks not run in it
+        then run alone there), an even share of them among the ``leads_left`` of that principal (this one
+        included), up to
         ``tick_batch`` in all and to what fits the procedure's BATCH_BUDGET_MS (none when ``lead`` may not
         run in a batch or has no company)."""
         leads = leads_left[lead.principal]
@@ -120,10 +124,12 @@ class BatchExecution(Execution):
         limit = min(self.tick_batch, self._durations.batch_size(job.signature), share + 1) - 1
         key = batch_key(job)
         members = {lead.job_id: job}
+        long = self._queue.is_long(lead)
 
         def fits(tick: Tick) -> bool:
             other = self._definitions.get((tick.job_id, tick.definition_version))
-            if other is None or not self._batchable(other) or batch_key(other) != key:
+            if (other is None or not self._batchable(other) or batch_key(other) != key
+                    or self._queue.is_long(tick) != long):
                 return False
             members[tick.job_id] = other
             return True
@@ -200,5 +206,5 @@ class BatchExecution(Execution):
             result = await self._tick_outcome(conn, item.job, item.tick, claim, item.next_planned_ns, outcome,
                                               [], began)
             if result is not None:
-                self._attempt_logged(item.job, claim, result, started)
+                self._attempt_logged(item.job, claim, result, started, item.next_planned_ns)
         return alone

@@ -26,19 +26,22 @@ LEFT JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
 WHERE j.job_id = ANY(%s)
 """
 
-# The claim (node, how many, with cron ticks, the per-principal cap, the lease in seconds, and leaving the
-# one-transaction ticks to radix.find_ticks: see radix.claim_due), and in the same
+# The claim (node, how many, with cron ticks, the per-principal cap, the lease in seconds, leaving the
+# one-transaction ticks to radix.find_ticks, the long-attempt threshold in ms, how many long ones it may
+# take, and the principals this node served, least recently first: see radix.claim_due), and in the same
 # round trip the definition of each claimed job (built only when the cache lacks that version; arguments
-# come as text, parsed only then). ROWS on radix.claim_due keeps this a
+# come as text, parsed only then), then its principal's oid. ROWS on radix.claim_due keeps this a
 # nested loop over the jobs' primary key however many jobs there are.
 CLAIM = """
 SELECT c.job_id, c.definition_version, c.lease_token, c.planned_ns, c.attempt, c.idempotency_key, c.resumed,
        c.coalesced, c.anchor_ns,
        j.definition_version, j.schema_name, j.job_name, j.principal_name, j.procedure_signature,
        n.nspname, p.proname, j.arguments::text, j.deadline_ms, j.non_atomic, j.schedule_kind, j.interval_ns,
-       j.starting_at_ns, j.at_ns, j.cron_expression, j.cron_time_zone, j.max_attempts, j.owner_name
+       j.starting_at_ns, j.at_ns, j.cron_expression, j.cron_time_zone, j.max_attempts, j.owner_name,
+       j.principal_oid
 FROM radix.claim_due(%s::pg_catalog.text, %s::pg_catalog.int4, %s::pg_catalog.bool, %s::pg_catalog.int4,
-                     %s::pg_catalog.int4, true) c
+                     %s::pg_catalog.int4, true, %s::pg_catalog.int4, %s::pg_catalog.int4,
+                     %s::pg_catalog.oid[]) c
 JOIN radix.jobs j ON j.job_id = c.job_id
 LEFT JOIN pg_catalog.pg_proc p ON p.oid = j.procedure_oid
 LEFT JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
@@ -48,6 +51,8 @@ DEFINITION_COLUMNS = ("definition_version", "schema_name", "job_name", "principa
                       "procedure_schema", "procedure_name", "arguments", "deadline_ms", "non_atomic",
                       "schedule_kind", "interval_ns", "starting_at_ns", "at_ns", "cron_expression",
                       "cron_time_zone", "max_attempts", "owner_name")
+CLAIM_DEADLINE = CLAIM_COLUMNS + DEFINITION_COLUMNS.index("deadline_ms")  # a claim row's job timeout (ms) …
+CLAIM_PRINCIPAL = CLAIM_COLUMNS + len(DEFINITION_COLUMNS)  # … and its principal's oid
 
 
 @dataclass(frozen=True)
@@ -234,5 +239,5 @@ class DefinitionCache:
         """Cache the definition that came with a claim row (see CLAIM), unless cached or of another version."""
         job_id, version = claim_row[0], claim_row[1]
         if claim_row[CLAIM_COLUMNS] == version and (job_id, version) not in self._entries:
-            self.put(definition_from_row({"job_id": job_id, **dict(zip(DEFINITION_COLUMNS,
-                                                                          claim_row[CLAIM_COLUMNS:], strict=True))}))
+            columns = claim_row[CLAIM_COLUMNS:CLAIM_PRINCIPAL]
+            self.put(definition_from_row({"job_id": job_id, **dict(zip(DEFINITION_COLUMNS, columns, strict=True))}))

@@ -75,6 +75,7 @@ class Execution:
     _ticking_by: Counter[int]
     _durations: Durations
     _node_hex: str
+    ahead: float | None = None  # the earliest next tick of a job whose attempt ended here, not yet looked for
     _log_second = 0.0
     _log_budget = SUCCESS_LINES_PER_S
     _log_skipped = 0
@@ -107,7 +108,7 @@ class Execution:
         if self._pause:
             await self._pause("claimed")
         result = await self._execute(job, claim, next_planned)
-        self._attempt_logged(job, claim, result, started)
+        self._attempt_logged(job, claim, result, started, next_planned)
 
     # -- the one-transaction path --------------------------------------------------------------------
     async def _run_tick(self, tick: Tick) -> None:
@@ -127,7 +128,7 @@ class Execution:
         started = time.monotonic()
         result = await self._execute_tick(job, tick, claim, next_planned)
         if result is not None:
-            self._attempt_logged(job, claim, result, started)
+            self._attempt_logged(job, claim, result, started, next_planned)
 
     def _done_ticking(self, ticks: list[Tick]) -> None:
         """The ticks of one principal connection (one tick, or a batch: engine/batches.py) are over here."""
@@ -258,10 +259,14 @@ class Execution:
             self._leases.discard(claim.lease_token)
 
     # -- both ------------------------------------------------------------------------------------------
-    def _attempt_logged(self, job: JobDefinition, claim: Claim, result: str, started: float) -> None:
-        """The attempt's end: its histogram and span, and its log line (docs/daemon.md#logs): every failure;
-        successes at most SUCCESS_LINES_PER_S a second at info (all of them at debug), the next line
-        saying how many were left out."""
+    def _attempt_logged(self, job: JobDefinition, claim: Claim, result: str, started: float,
+                        next_planned_ns: int | None) -> None:
+        """The attempt's end: its job's next tick noted (``ahead``), its histogram and span, and its log line
+        (docs/daemon.md#logs): every failure; successes at most SUCCESS_LINES_PER_S a second at info (all of
+        them at debug), the next line saying how many were left out."""
+        if next_planned_ns is not None:  # on this process's monotonic clock
+            at = time.monotonic() + (next_planned_ns - time.time_ns()) / 1e9
+            self.ahead = at if self.ahead is None else min(self.ahead, at)
         if self.observer is not None:
             self.observer.attempt(job, claim, result, started, self._principals)
         if not log.isEnabledFor(logging.INFO):

@@ -12,6 +12,9 @@ Verbs (each one database round trip, each with its invariant):
 - ``release``: hand back unstarted claims on shutdown.
 - ``renew`` (leases.py): every lease/3 s, one token-fenced UPDATE extends the leases of the attempts in
   progress; a lease found gone ends its attempt. An attempt's length is bounded by its timeout, not its lease.
+
+When to look and what a look may take (the caps, the slots kept from long attempts, the served tie-break):
+engine/dispatch.py, with the policy itself in radixjobs.fairness.
 """
 
 from __future__ import annotations
@@ -38,19 +41,30 @@ from radixjobs.engine.batches import BATCH_MAX, BatchExecution
 from radixjobs.engine.definitions import (
     CLAIM,
     CLAIM_COLUMNS,
+    CLAIM_DEADLINE,
+    CLAIM_PRINCIPAL,
     LOAD_DEFINITIONS,
     DefinitionCache,
     JobDefinition,
     definition_from_row,
 )
+from radixjobs.engine.dispatch import AFTER_CLAIM, AFTER_FIND, NEXT_DUE, DispatchPolicy
 from radixjobs.engine.execution import Pause
 from radixjobs.engine.leases import DEFAULT_LEASE_S, LeaseKeeper
 from radixjobs.engine.nodes import register_node
-from radixjobs.engine.planning import CRON_DUE, plan_cron
+from radixjobs.engine.planning import plan_cron
 from radixjobs.engine.principals import PrincipalPools
 from radixjobs.engine.slots import Slots
-from radixjobs.engine.ticks import FIND_BATCH, FIND_TICKS, HORIZON_MS, Durations, Tick, TickQueue, node_hex, wake_in
-from radixjobs.fairness import principal_cap
+from radixjobs.engine.ticks import (
+    FIND_BATCH,
+    FIND_TICKS,
+    HORIZON_MS,
+    Durations,
+    Tick,
+    TickQueue,
+    node_hex,
+)
+from radixjobs.fairness import LONG_ATTEMPT_S, Reserve, Served, principal_cap
 
 if TYPE_CHECKING:
     from radixjobs.observe import Observer
@@ -60,19 +74,6 @@ log = logging.getLogger("radixjobs.engine")
 CLAIM_BATCH = 64
 MAX_DEFINITIONS = 10_000  # cached job definitions (least recently used dropped first) …
 MAX_DEFINITION_BYTES = 16 * 1024 * 1024  # … and at most this much of them (JobDefinition.size_bytes)
-
-# Seconds until the next tick this engine's claim could take: a principal at its cap has nothing due
-# until one of its attempts ends (radix.next_due_in).
-NEXT_DUE_IN = "radix.next_due_in(%s::pg_catalog.int4)"
-# After a claim, in its round trip: seconds until the next due tick, and whether cron ticks await planning.
-AFTER_CLAIM = "SELECT " + NEXT_DUE_IN + ", " + CRON_DUE
-NEXT_DUE = "SELECT " + NEXT_DUE_IN
-# After a find of ticks, in its round trip: seconds until the next due tick, and whether the lease path has
-# work (radix.lease_work_due, or cron ticks awaiting planning); between two reads of the clock, whose
-# difference is how long the found ticks' answer waited for this one's.
-AFTER_FIND = ("SELECT " + NEXT_DUE_IN + ", radix.lease_work_due(%s::pg_catalog.text) OR " + CRON_DUE
-              + ", pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-) t.began "
-              "FROM (SELECT pg_catalog.clock_timestamp() AS began OFFSET 0) t")
 
 # The fixed set of counters an engine reports (status and metrics never grow with jobs or errors).
 COUNTER_KEYS = ("claims", "batched_ticks", "successes", "retries", "coalesced_ticks", "ticks_refused",
@@ -84,17 +85,22 @@ def default_node_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-class Engine(BatchExecution):
+class Engine(DispatchPolicy, BatchExecution):
     """Runs due work of one database. ``async with Engine(dsn) as e: await e.run_due()``."""
 
     def __init__(self, dsn: str, *, node_id: str | None = None, concurrency: int = 8,
                  grace_s: float = 5.0, pause: Pause | None = None, shared_slots: Slots | None = None,
                  finished: asyncio.Event | None = None, max_per_principal: int | None = None,
-                 lease_s: int = DEFAULT_LEASE_S, tick_batch: int = BATCH_MAX):
+                 lease_s: int = DEFAULT_LEASE_S, tick_batch: int = BATCH_MAX, reserved_slots: int | None = None,
+                 long_attempt_s: float = LONG_ATTEMPT_S):
         self.dsn = scheduler_dsn(dsn)
         self.node_id = node_id or default_node_id()
         self.concurrency = concurrency
         self.max_per_principal = principal_cap(concurrency, max_per_principal)
+        self.reserve = Reserve.of(concurrency, reserved_slots, long_attempt_s)  # docs/security.md "Fair claims"
+        self._served = Served()  # the tie-break among principals with as few running (radixjobs.fairness)
+        self._long: set[asyncio.Task[None]] = set()  # the long attempts running here
+        self._long_claims: set[uuid.UUID] = set()  # lease tokens of long claims not yet started
         self.counters: Counter[str] = Counter(dict.fromkeys(COUNTER_KEYS, 0))
         self.last_error: dict[str, Any] | None = None
         self._definitions = DefinitionCache(MAX_DEFINITIONS, MAX_DEFINITION_BYTES)
@@ -118,7 +124,7 @@ class Engine(BatchExecution):
         self._leases: set[uuid.UUID] = set()  # tokens of this engine's claims in progress
         self._lease_keeper = LeaseKeeper(self._pool, self.node_id, lease_s, lambda: set(self._leases),
                                          self._lose)
-        self._queue = TickQueue()  # ticks found, not started (engine/ticks.py)
+        self._queue = TickQueue(self.reserve, self._served)  # ticks found, not started (engine/ticks.py)
         self._ticking: dict[uuid.UUID, Tick] = {}  # ticks running here, by job
         self._ticking_by: Counter[int] = Counter()  # … and connections running them, by principal (oid)
         self._durations = Durations()  # procedures' last attempts here: only short ones batch
@@ -180,21 +186,23 @@ class Engine(BatchExecution):
     async def claim_due(self, limit: int) -> list[Claim]:
         """Claim up to ``limit`` due ticks. One round trip (the claim, then the next due time and whether
         cron ticks await planning, pipelined) unless cron ticks need planning: the first claim leaves
-        them alone; they are planned (missed ones coalesced), then claimed. A cron tick never runs stale."""
+        them alone; they are planned (missed ones coalesced), then claimed. A cron tick never runs stale.
+        No more of them are long than may start here (the lease tokens of those are in _long_claims)."""
         began = time.monotonic()
+        long_limit = self._long_limit(limit)
         async with self._pool.connection() as conn:
             async with conn.pipeline():
-                claim_cur = await conn.execute(CLAIM, (self.node_id, limit, False, self.max_per_principal,
-                                                       self.lease_s))
-                after_cur = await conn.execute(AFTER_CLAIM, (self.max_per_principal,))
+                claim_cur = await conn.execute(CLAIM, self._claim_params(limit, False, long_limit))
+                after_cur = await conn.execute(AFTER_CLAIM, self._next_due_params())
             rows = await claim_cur.fetchall()
             after = await after_cur.fetchone()
             if after and after[1] and len(rows) < limit:
                 self.counters["coalesced_ticks"] += await plan_cron(conn)
-                cur = await conn.execute(CLAIM, (self.node_id, limit - len(rows), True, self.max_per_principal,
-                                                 self.lease_s))
+                if long_limit is not None:
+                    long_limit -= sum(self.reserve.is_long(int(row[CLAIM_DEADLINE])) for row in rows)
+                cur = await conn.execute(CLAIM, self._claim_params(limit - len(rows), True, long_limit))
                 rows += await cur.fetchall()
-                after_cur = await conn.execute(NEXT_DUE, (self.max_per_principal,))
+                after_cur = await conn.execute(NEXT_DUE, self._next_due_params())
                 after = await after_cur.fetchone()
             self._note_due(after)
         if self.observer is not None:
@@ -202,7 +210,11 @@ class Engine(BatchExecution):
         claims = []
         for row in rows:
             self._definitions.remember_claimed(row)
-            claims.append(Claim(*row[:CLAIM_COLUMNS]))
+            claim = Claim(*row[:CLAIM_COLUMNS])
+            claims.append(claim)
+            self._served.note(int(row[CLAIM_PRINCIPAL]))
+            if self.reserve.is_long(int(row[CLAIM_DEADLINE])):
+                self._long_claims.add(claim.lease_token)
         for claim in claims:
             self.counters["claims"] += 1
             self.counters["coalesced_ticks"] += claim.coalesced
@@ -213,25 +225,9 @@ class Engine(BatchExecution):
     async def next_due_in(self) -> float | None:
         """Seconds until the earliest due tick (0 when one is due now), or None when nothing is planned."""
         async with self._pool.connection() as conn:
-            cur = await conn.execute(NEXT_DUE, (self.max_per_principal,))
+            cur = await conn.execute(NEXT_DUE, self._next_due_params())
             self._note_due(await cur.fetchone())
         return self.due_in()
-
-    def _note_due(self, row: tuple[Any, ...] | None) -> None:
-        self._due = None if row is None or row[0] is None else (max(0.0, float(row[0])), time.monotonic())
-
-    def due_in(self) -> float | None:
-        """Seconds until the next dispatch should run, without a query: while ticks are queued, until the
-        first of them may start (None: all wait for a cap); else until FIND_AHEAD_S before the earliest
-        due tick as of the last find or claim (or next_due_in), so that the find comes before it, and
-        once within that, until it is due."""
-        now = time.monotonic()
-        if len(self._queue):
-            return self._queue.next_due_in(self._ticking_by, self.max_per_principal, now)
-        if self._due is None:
-            return None
-        seconds, measured = self._due
-        return wake_in(max(0.0, seconds - (now - measured)))
 
     @property
     def has_free_slot(self) -> bool:
@@ -246,13 +242,16 @@ class Engine(BatchExecution):
         """Start due work in the free slots; returns how many attempts started. Ticks come from the queue,
         found again when it is empty or stale (one round trip, which also says whether the lease path has
         work); then, when it has, claim_due for the lease path (non-atomic and cron jobs, requests, resumed
-        claims)."""
+        claims). Ticks are found again sooner when one due was not queued (_unqueued_due)."""
         self.claim_filled = False
         if self.stopping:
             return 0
-        started = self._start_ticks()
-        if self._free_slots() > 0 and (self._find_now or not len(self._queue) or self._queue.stale(
-                time.monotonic(), self._ticking_by, self.max_per_principal)):
+        # a queue past its time is found again before it deals: a principal whose tick came due since the
+        # last find competes for the free slots (those may have been busy for long: a turnover)
+        stale = self._queue.stale(time.monotonic(), self._ticking_by, self.max_per_principal)
+        started = 0 if stale else self._start_ticks()
+        now = time.monotonic()
+        if self._free_slots() > 0 and (stale or self._find_now or not len(self._queue) or self._unqueued_due(now)):
             if started:
                 await asyncio.sleep(0)  # the ticks just started send their queries before the find's
             await self._find_ticks()
@@ -288,12 +287,17 @@ class Engine(BatchExecution):
         self._lease_due = self.claim_filled
         for claim in claims:
             self._leases.add(claim.lease_token)
-            self._spawn(self._run_claim(claim))
+            long = claim.lease_token in self._long_claims
+            self._long_claims.discard(claim.lease_token)
+            self._spawn(self._run_claim(claim), long=long)
         return len(claims)
 
-    def _spawn(self, attempt: Awaitable[None]) -> None:
+    def _spawn(self, attempt: Awaitable[None], *, long: bool = False) -> None:
+        """Run an attempt (a claim, a tick or a batch) in a slot; ``long``: one long attempts may hold."""
         task = asyncio.ensure_future(attempt)
         self._running.add(task)
+        if long:
+            self._long.add(task)
         task.add_done_callback(self._attempt_done)
 
     async def _find_ticks(self) -> None:
@@ -301,11 +305,13 @@ class Engine(BatchExecution):
         plus one to load the definitions this engine lacks."""
         self._find_now = False
         began = time.monotonic()
+        if self.ahead is not None and self.ahead <= began + HORIZON_MS / 1000:
+            self.ahead = None  # this find sees it
         async with self._pool.connection() as conn:
             async with conn.pipeline():
                 cur = await conn.execute(FIND_TICKS, (self.node_id, FIND_BATCH, HORIZON_MS, list(self._ticking),
                                                       self._principals.backend_pids()))
-                after_cur = await conn.execute(AFTER_FIND, (self.max_per_principal, self.node_id))
+                after_cur = await conn.execute(AFTER_FIND, (*self._next_due_params(), self.node_id))
             now = time.monotonic()
             after = await after_cur.fetchone()
             # due_in_ms is as of the find's end, before the second query ran: never early, and not that late
@@ -324,13 +330,14 @@ class Engine(BatchExecution):
             self.observer.claimed(time.monotonic() - began)
 
     def _start_ticks(self) -> int:
-        """Start the queued ticks that are due, as far as free slots and the principals' caps allow; due
-        ticks left over then join a batch of their principal's when they can (engine/batches.py)."""
+        """Start the queued ticks that are due, as far as free slots, the principals' caps and the slots long
+        attempts may hold allow; due ticks left over then join a batch of their principal's when they can
+        (engine/batches.py)."""
         free = self._free_slots()
         if free <= 0 or not len(self._queue):
             return 0
         now = time.monotonic()
-        leads = self._queue.take(free, self._ticking_by, self.max_per_principal, now)
+        leads = self._queue.take(free, self._ticking_by, self.max_per_principal, now, self._long_free())
         started = 0
         leads_left = Counter(lead.principal for lead in leads)  # a principal's backlog is dealt among them
         for lead in leads:
@@ -343,11 +350,12 @@ class Engine(BatchExecution):
                 self.counters["claims"] += 1
                 self.counters["coalesced_ticks"] += tick.coalesced
                 started += 1
-            self._spawn(self._run_batch(batch) if batch else self._run_tick(lead))
+            self._spawn(self._run_batch(batch) if batch else self._run_tick(lead), long=self._queue.is_long(lead))
         return started
 
     def _attempt_done(self, task: asyncio.Task[None]) -> None:
         self._running.discard(task)
+        self._long.discard(task)
         self._slots.release()
         self._shared.release()
         self.finished.set()
@@ -378,7 +386,8 @@ class Engine(BatchExecution):
         while time.monotonic() < end and not self.cancel.is_set():
             total += await self.dispatch_due()
             wait = await self.next_due_in()
-            wait = poll_s if wait is None else min(wait, poll_s)
+            # every slot busy: until an attempt ends (``finished``), never a loop of waits of 0
+            wait = poll_s if wait is None or not self.has_free_slot else min(wait, poll_s)
             await self.wait_for_work(max(0.0, min(wait, end - time.monotonic())))
         if self._running:
             await asyncio.wait(self._running)

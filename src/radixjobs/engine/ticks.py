@@ -5,8 +5,9 @@ Invariants:
 - The finder (radix.find_ticks, on the scheduler's own connection) writes no row: a tick found is not a
   claim. It may be found by two nodes; the tick lock that radix.begin_tick takes lets one run it, and the
   other's query ends at once with RXT01 (nothing happened, nothing is recorded).
-- A found tick is queued here until a slot is free, its principal is under its cap and its time has come
-  (ticks due within ``HORIZON_MS`` are found ahead and started at their due time): ``TickQueue``. A queued
+- A found tick is queued here until a slot is free, its principal is under its cap, its time has come
+  (ticks due within ``HORIZON_MS`` are found ahead and started at their due time) and, for a long tick (its
+  job's timeout above the engine's threshold), a slot long attempts may hold is free: ``TickQueue``. A queued
   tick is not in progress anywhere: the queue is only this node's plan, and a tick found stale when it
   starts (ALTER JOB, another node ran it) ends with RXT01 like one run elsewhere.
 - The query text carries no token, only its MAC for the backend (engine/attempt.py, ``attempt_mac``), and
@@ -26,6 +27,7 @@ from typing import Any
 
 from radixjobs.engine.attempt import attempt_mac
 from radixjobs.engine.principals import clean_statement
+from radixjobs.fairness import Reserve, Served
 
 # Ticks found per round trip: ahead of the free slots, so a backlog is not found one tick at a time, and
 # enough for every slot's batch (a principal's due ticks are dealt evenly among its batches: engine/batches.py).
@@ -79,12 +81,13 @@ class Tick:
     token: uuid.UUID
     principal: int
     elsewhere: int
+    deadline_ms: int  # the job's timeout as found: a long tick runs only in a slot long attempts may hold
 
     @classmethod
     def from_row(cls, row: tuple[Any, ...], now: float) -> Tick:
-        job_id, version, planned, attempt, coalesced, anchor, due_in_ms, token, principal, elsewhere = row
+        job_id, version, planned, attempt, coalesced, anchor, due_in_ms, token, principal, elsewhere, deadline = row
         return cls(job_id, int(version), int(planned), int(attempt), int(coalesced), int(anchor),
-                   now + float(due_in_ms) / 1000, token, int(principal), int(elsewhere))
+                   now + float(due_in_ms) / 1000, token, int(principal), int(elsewhere), int(deadline))
 
 
 def tick_query(call: bytes, tick: Tick, deadline_ms: int, next_planned_ns: int | None, session_key: bytes,
@@ -100,16 +103,22 @@ def tick_query(call: bytes, tick: Tick, deadline_ms: int, next_planned_ns: int |
 
 class TickQueue:
     """Ticks found and not started, per principal in due order. A find replaces them all: the finder
-    skips only the ticks running here, so the queued ones come back in its newest order when still due."""
+    skips only the ticks running here, so the queued ones come back in its newest order when still due.
+    ``reserve``: which ticks are long; ``served``: the engine's tie-break, noted here for each tick taken."""
 
-    def __init__(self) -> None:
+    def __init__(self, reserve: Reserve | None = None, served: Served | None = None) -> None:
         self._queued: dict[int, collections.deque[Tick]] = {}
         self._elsewhere: dict[int, int] = {}
+        self._reserve = reserve
+        self._served = served or Served()
         self.found_at = 0.0
         self.full = False  # the last find returned all it was asked for: more may be due
 
     def __len__(self) -> int:
         return sum(len(q) for q in self._queued.values())
+
+    def is_long(self, tick: Tick) -> bool:
+        return self._reserve is not None and self._reserve.is_long(tick.deadline_ms)
 
     def replace(self, ticks: Iterable[Tick], asked: int, now: float) -> int:
         """Queue a find's ticks in place of the ones queued; returns how many."""
@@ -135,20 +144,46 @@ class TickQueue:
                                and running.get(p, 0) + self._elsewhere[p] >= cap
                                for p, q in self._queued.items())
 
-    def take(self, free: int, running: dict[int, int], cap: int, now: float) -> list[Tick]:
+    def _first(self, queued: collections.deque[Tick], until: float, long_free: int | None) -> int | None:
+        """The index of the principal's first tick due by ``until`` that may start (a long one only while
+        ``long_free`` is None or above 0), or None."""
+        for index, tick in enumerate(queued):
+            if tick.due_at > until:
+                return None
+            if long_free is None or long_free > 0 or not self.is_long(tick):
+                return index
+        return None
+
+    def take(self, free: int, running: dict[int, int], cap: int, now: float,
+             long_free: int | None = None) -> list[Tick]:
         """Up to ``free`` ticks due by ``now``, dealt one at a time to the principal with the fewest
-        attempts running (here and elsewhere), oldest due tick first among equals, never past ``cap``
-        (0: no cap)."""
+        attempts running (here and elsewhere), then the one served least recently, oldest due tick first
+        among equals, never past ``cap`` (0: no cap), and no more long ticks than ``long_free`` (None: no
+        limit): a principal whose due ticks are all long then gets its first short one."""
         taken: list[Tick] = []
         counts = {p: running.get(p, 0) + self._elsewhere.get(p, 0) for p in self._queued}
         while len(taken) < free:
-            ready = [p for p, q in self._queued.items()
-                     if q and q[0].due_at <= now and (cap <= 0 or counts[p] < cap)]
-            if not ready:
+            best: tuple[tuple[int, int, float], int, int] | None = None
+            for principal, queued in self._queued.items():
+                if cap > 0 and counts[principal] >= cap:
+                    continue
+                index = self._first(queued, now, long_free)
+                if index is None:
+                    continue
+                key = (counts[principal], self._served.rank(principal), queued[index].due_at)
+                if best is None or key < best[0]:
+                    best = (key, principal, index)
+            if best is None:
                 break
-            principal = min(ready, key=lambda p: (counts[p], self._queued[p][0].due_at))
-            taken.append(self._queued[principal].popleft())
+            _, principal, index = best
+            queued = self._queued[principal]
+            tick = queued[index]
+            del queued[index]
+            taken.append(tick)
             counts[principal] += 1
+            self._served.note(principal)
+            if long_free is not None and self.is_long(tick):
+                long_free -= 1
         for principal in [p for p, q in self._queued.items() if not q]:
             del self._queued[principal]
         return taken
@@ -180,11 +215,18 @@ class TickQueue:
             del self._queued[lead.principal]
         return taken
 
-    def next_due_in(self, running: dict[int, int], cap: int, now: float) -> float | None:
-        """Seconds until a queued tick could start as far as time and caps go, or until ticks held back by
-        attempts elsewhere are looked at again (None: every one waits for an attempt here to end)."""
-        dues = [q[0].due_at for p, q in self._queued.items()
-                if q and (cap <= 0 or running.get(p, 0) + self._elsewhere.get(p, 0) < cap)]
+    def next_due_in(self, running: dict[int, int], cap: int, now: float,
+                    long_free: int | None = None) -> float | None:
+        """Seconds until a queued tick could start as far as time, caps and long slots go, or until ticks
+        held back by attempts elsewhere are looked at again (None: every one waits for an attempt here to
+        end)."""
+        dues = []
+        for principal, queued in self._queued.items():
+            if cap > 0 and running.get(principal, 0) + self._elsewhere.get(principal, 0) >= cap:
+                continue
+            index = self._first(queued, float("inf"), long_free)
+            if index is not None:
+                dues.append(queued[index].due_at)
         if self._capped_elsewhere(running, cap, now):
             dues.append(self.found_at + CAPPED_ELSEWHERE_RECHECK_S)
         return max(0.0, min(dues) - now) if dues else None

@@ -174,7 +174,8 @@ class Cluster:
                               concurrency=self.config.per_database_concurrency, poll_s=self.config.poll_s,
                               grace_s=self.config.grace_s, services=self.config.services,
                               max_per_principal=self.config.max_per_principal, lease_s=self.config.lease_s,
-                              tick_batch=self.config.tick_batch)
+                              tick_batch=self.config.tick_batch, reserved_slots=self.config.reserved_slots,
+                              long_attempt_s=self.config.long_attempt_s)
         if self.observer_for is not None:
             owner.observer = self.observer_for(name)
         self.owners[name] = (owner, asyncio.create_task(owner.run(), name=f"owner:{self.label}:{name}"))

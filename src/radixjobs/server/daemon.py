@@ -23,6 +23,7 @@ from radixjobs.engine.batches import BATCH_MAX
 from radixjobs.engine.leases import DEFAULT_LEASE_S
 from radixjobs.engine.runner import COUNTER_KEYS
 from radixjobs.engine.slots import Slots
+from radixjobs.fairness import LONG_ATTEMPT_S
 from radixjobs.server.owner import DatabaseOwner
 
 if TYPE_CHECKING:
@@ -50,6 +51,8 @@ class DaemonConfig:
     extra_dsns: list[str] = field(default_factory=list)  # further targets (serve --dsn repeated)
     per_cluster_concurrency: int | None = None  # slots per target; None: --concurrency split evenly
     tick_batch: int = BATCH_MAX  # ticks per batch under a backlog (engine/batches.py); 1: each tick alone
+    reserved_slots: int | None = None  # per database: slots long attempts may not hold; None: a quarter
+    long_attempt_s: float = LONG_ATTEMPT_S  # an attempt whose job's timeout is above this is long
 
 
 def dsn_for_database(dsn: str, dbname: str) -> str:

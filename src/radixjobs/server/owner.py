@@ -18,6 +18,7 @@ from radixjobs.engine import Engine
 from radixjobs.engine.batches import BATCH_MAX
 from radixjobs.engine.leases import DEFAULT_LEASE_S
 from radixjobs.engine.slots import Slots
+from radixjobs.fairness import LONG_ATTEMPT_S
 from radixjobs.observe import Observer
 from radixjobs.preflight import log_principal_checks
 
@@ -33,8 +34,11 @@ class DatabaseOwner:
     def __init__(self, name: str, dsn: str, *, node_id: str, slots: Slots, concurrency: int,
                  poll_s: float = 1.0, grace_s: float = 5.0, services: Mapping[str, str] | None = None,
                  max_per_principal: int | None = None, lease_s: int = DEFAULT_LEASE_S,
-                 tick_batch: int = BATCH_MAX):
+                 tick_batch: int = BATCH_MAX, reserved_slots: int | None = None,
+                 long_attempt_s: float = LONG_ATTEMPT_S):
         self.name = name
+        self.reserved_slots = reserved_slots
+        self.long_attempt_s = long_attempt_s
         self.lease_s = lease_s
         self.tick_batch = tick_batch
         self.dsn = dsn
@@ -105,7 +109,8 @@ class DatabaseOwner:
     async def _serve(self) -> None:
         engine = Engine(self.dsn, node_id=self.node_id, concurrency=self.concurrency, grace_s=5.0,
                         shared_slots=self.slots, finished=self.wake, max_per_principal=self.max_per_principal,
-                        lease_s=self.lease_s, tick_batch=self.tick_batch)
+                        lease_s=self.lease_s, tick_batch=self.tick_batch, reserved_slots=self.reserved_slots,
+                        long_attempt_s=self.long_attempt_s)
         engine.observer = self.observer
         await engine.start()
         self.engine = engine
