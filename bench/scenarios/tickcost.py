@@ -45,7 +45,7 @@ import psycopg
 
 from harness import BenchDatabase, clone_jobs, wait_for
 from radixjobs.engine.batches import RUN_TICKS_RESULT, BatchItem, batch_query
-from radixjobs.engine.definitions import JobDefinition, build_batch_call, build_call, current_arguments
+from radixjobs.engine.definitions import ARGUMENTS, JobDefinition, build_batch_call, build_call
 from radixjobs.engine.principals import principal_dsn
 from radixjobs.engine.ticks import FIND_TICKS, Tick, tick_query
 from radixjobs.model import AtSchedule
@@ -72,8 +72,7 @@ FROM radix.jobs j, generate_series(1, %s) g
 """
 FUNCTIONS = ("radix.begin_tick(uuid, bigint, text)", "radix.end_tick(uuid, text, bigint, text)",
              "radix.start_tick(uuid, bigint, text)", "radix.start_ticks(uuid[], bigint[], text[])",
-             "radix.end_ticks(uuid[], bigint[], integer[], text[], bigint[], boolean[], text)",
-             "radix.current_arguments(bigint)")
+             "radix.end_ticks(uuid[], bigint[], integer[], text[], bigint[], boolean[], text)")
 SIGNATURES = ("radix.begin_tick(job uuid, planned_ns bigint, mac text) RETURNS void",
               "radix.end_tick(job uuid, mac text, next_planned_ns bigint, node text) RETURNS void",
               "radix.start_tick(job uuid, planned_ns bigint, mac text, OUT error_sqlstate text, "
@@ -81,8 +80,7 @@ SIGNATURES = ("radix.begin_tick(job uuid, planned_ns bigint, mac text) RETURNS v
               "radix.start_ticks(jobs uuid[], planned bigint[], macs text[]) RETURNS TABLE (ordinal integer, "
               "error_sqlstate text, error_message text, frame text, arguments jsonb)",
               "radix.end_ticks(jobs uuid[], planned bigint[], attempts integer[], macs text[], nexts bigint[], "
-              "ran boolean[], node text) RETURNS void",
-              "radix.current_arguments(version bigint) RETURNS jsonb")
+              "ran boolean[], node text) RETURNS void")
 NOOP = """
 CREATE OR REPLACE FUNCTION {signature}
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
@@ -90,8 +88,8 @@ SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan
 AS $$ BEGIN {body} END $$
 """
-# A no-op current_arguments gives the arguments every job of this scenario has (its CALL still updates a row).
-NOOP_BODIES = {"radix.current_arguments(version bigint) RETURNS jsonb": "RETURN '[{\"value\": \"0\"}]';"}
+# A no-op begin_tick still gives the DO block the arguments every job of this scenario has (radix.arguments).
+NOOP_BODIES = {SIGNATURES[0]: "PERFORM set_config('radix.arguments', '[{\"value\": \"0\"}]', true);"}
 NODE = "bench-tickcost"
 VARIANTS = ("radix", "noop", "noclean")
 WARM = 200  # ticks run, not counted, after the functions change: plans cached, functions compiled
@@ -193,8 +191,7 @@ def run(db: BenchDatabase, args: argparse.Namespace) -> dict[str, Any]:
             conn.execute(b"VACUUM ANALYZE radix.radix_system_job_history")
         arguments = db.scalar("SELECT arguments FROM radix.jobs WHERE job_name = 't0'")
         installed = [str(db.scalar("SELECT pg_get_functiondef(%s::regprocedure)", (f,))) for f in FUNCTIONS]
-    job = JobDefinition(uuid.UUID(int=0), 1, "bench.t0", "", "", build_call("bench", "touch", arguments,
-                                                                               current_arguments(1)),
+    job = JobDefinition(uuid.UUID(int=0), 1, "bench.t0", "", "", build_call("bench", "touch", arguments, ARGUMENTS),
                         60_000, False, AtSchedule(0), batch_call=build_batch_call("bench", "touch", arguments))
     per_tick: dict[str, list[float]] = {variant: [] for variant in VARIANTS}
     with db.connect() as scheduler, psycopg.connect(principal_dsn(db.dsn, db.principal), autocommit=True,

@@ -24,19 +24,18 @@ ARGUMENTS = [{"position": 1, "type": "text", "value": "it's $radix_value_x$ ;", 
 
 
 def test_the_block_quotes_every_name_and_reads_each_value_from_the_stored_arguments() -> None:
-    call = build_call('s"x', "p q", ARGUMENTS, definitions.current_arguments(12)).decode()
+    call = build_call('s"x', "p q", ARGUMENTS, "stored()").decode()
     assert call.startswith("DO $radix_do_")
-    assert "\"radix_arguments\" pg_catalog.jsonb := radix.current_arguments('12'::pg_catalog.int8);" in call
     assert 'CALL "s""x"."p q"("radix_argument_1", "radix_argument_2", "a""b" => "radix_argument_3");' in call
     # positional first, as given; each value by its index in the stored array
-    assert ('"radix_argument_1" numeric(10,2) := CAST(pg_catalog.jsonb_extract_path_text("radix_arguments", '
+    assert ('"radix_argument_1" numeric(10,2) := CAST(pg_catalog.jsonb_extract_path_text((stored()), '
             "'2', 'value') AS numeric(10,2));") in call
-    assert ('"radix_argument_3" integer := CAST(pg_catalog.jsonb_extract_path_text("radix_arguments", '
+    assert ('"radix_argument_3" integer := CAST(pg_catalog.jsonb_extract_path_text((stored()), '
             "'1', 'value') AS integer);") in call
 
 
 def test_no_value_is_in_the_text() -> None:
-    for call in (build_call("s", "p", ARGUMENTS, definitions.current_arguments(1)),
+    for call in (build_call("s", "p", ARGUMENTS, definitions.ARGUMENTS),
                  build_batch_call("s", "p", ARGUMENTS)):
         assert b"radix_value" not in call
         assert b"31415926" not in call
@@ -44,8 +43,8 @@ def test_no_value_is_in_the_text() -> None:
 
 
 def test_without_arguments_the_block_reads_nothing() -> None:
-    call = build_call("s", "p", [], definitions.current_arguments(1)).decode()
-    assert "current_arguments" not in call
+    call = build_call("s", "p", [], definitions.ARGUMENTS).decode()
+    assert "radix.arguments" not in call
     assert 'CALL "s"."p"();' in call
 
 

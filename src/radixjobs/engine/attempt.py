@@ -39,11 +39,17 @@ TICK_ELSEWHERE_SQLSTATE = "RXT01"  # radix.begin_tick: the tick is not this back
 
 BEGIN_NON_ATOMIC = ("SELECT pg_catalog.set_config('statement_timeout', %s::pg_catalog.text, false), "
                     "radix.begin_attempt(%s::pg_catalog.uuid, %s::pg_catalog.uuid)")
+# The job's stored arguments, for the DO block (definitions.ARGUMENTS), once the attempt has its frame: for the
+# session (cleared by the clean) when the attempt commits on its own, else for the transaction.
+ARGUMENTS_NON_ATOMIC = ("SELECT pg_catalog.set_config('radix.arguments', radix.current_arguments("
+                        "%s::pg_catalog.int8)::pg_catalog.text, false)")
 END_NON_ATOMIC = "SELECT radix.end_attempt(%s::pg_catalog.uuid, %s::pg_catalog.uuid, %s::pg_catalog.int8, false)"
 # Every value is a quoted literal of digits, hex or a UUID with an explicit cast: no backslash for
 # standard_conforming_strings to read, no minus sign for a principal's prefix operator "-".
 BEGIN_ATOMIC = ("SELECT pg_catalog.set_config('statement_timeout', '{ms}'::pg_catalog.text, true), "
-                "radix.begin_atomic('{job}'::pg_catalog.uuid, '{mac}'::pg_catalog.text); ")
+                "radix.begin_atomic('{job}'::pg_catalog.uuid, '{mac}'::pg_catalog.text); "
+                "SELECT pg_catalog.set_config('radix.arguments', radix.current_arguments("
+                "'{version}'::pg_catalog.int8)::pg_catalog.text, true); ")
 END_ATOMIC = "; SELECT radix.end_atomic('{job}'::pg_catalog.uuid, '{mac}'::pg_catalog.text, {next}::pg_catalog.int8)"
 
 
@@ -74,7 +80,8 @@ def atomic_query(call: bytes, claim: Claim, deadline_ms: int, next_planned_ns: i
     the connection's clean (principals.clean_statement), which runs only if the attempt committed."""
     mac = attempt_mac(session_key, claim.lease_token)
     following = "NULL" if next_planned_ns is None else f"'{int(next_planned_ns)}'"
-    return b"".join((b"BEGIN; ", BEGIN_ATOMIC.format(ms=int(deadline_ms), job=claim.job_id, mac=mac).encode(),
+    return b"".join((b"BEGIN; ", BEGIN_ATOMIC.format(ms=int(deadline_ms), job=claim.job_id, mac=mac,
+                                         version=int(claim.definition_version)).encode(),
                      call, END_ATOMIC.format(job=claim.job_id, mac=mac, next=following).encode(), b"; COMMIT; ",
                      clean_statement()))
 
@@ -291,6 +298,7 @@ class AttemptRunner:
         assert job.call is not None
         try:
             await conn.execute(BEGIN_NON_ATOMIC, (str(job.deadline_ms), claim.job_id, claim.lease_token))
+            await conn.execute(ARGUMENTS_NON_ATOMIC, (claim.definition_version,))
             await conn.execute(job.call)
             await conn.execute(END_NON_ATOMIC, (claim.job_id, claim.lease_token, next_planned_ns))
         except psycopg.Error as exc:

@@ -115,8 +115,11 @@ def _identifier(name: str) -> str:
 
 # Where a CALL's arguments come from: the stored arguments (radix.jobs.arguments, a JSON array) read on the
 # server, never a value in the query text (pg_stat_activity shows that text to every session of the role).
-DO_ARGUMENTS = '"radix_arguments"'  # the DO block's variable, from radix.current_arguments(version)
-BATCH_ARGUMENTS = "$1"  # a batched tick's CALL: run_ticks' EXECUTE … USING (from radix.start_ticks)
+# A DO block (a lone tick, a lease attempt) reads them from the setting its begin made (radix.begin_tick;
+# attempt.py for a lease, from radix.current_arguments), a batched tick's CALL from run_ticks' EXECUTE … USING
+# (radix.start_ticks).
+ARGUMENTS = "pg_catalog.current_setting('radix.arguments')::pg_catalog.jsonb"
+BATCH_ARGUMENTS = "$1"
 
 
 def _call_arguments(arguments: list[dict[str, Any]], source: str) -> list[tuple[str, str, str | None]]:
@@ -134,11 +137,6 @@ def _call_arguments(arguments: list[dict[str, Any]], source: str) -> list[tuple[
     return rendered
 
 
-def current_arguments(version: int) -> str:
-    """The expression of a job's stored arguments in its attempt: its frame's job, its definition ``version``."""
-    return f"radix.current_arguments('{int(version)}'::pg_catalog.int8)"
-
-
 def build_call(procedure_schema: str, procedure_name: str, arguments: list[dict[str, Any]],
                stored: str) -> bytes:
     """A ``DO`` block that CALLs ``schema.proc(…)`` with each argument in a variable of its stored type.
@@ -147,20 +145,18 @@ def build_call(procedure_schema: str, procedure_name: str, arguments: list[dict[
     (a procedure may return 1 GB in it); PL/pgSQL keeps it on the server, in the block's variables. A
     top-level DO is non-atomic, so a procedure may still COMMIT when the attempt runs non-atomically.
     The values are read on the server from ``stored``, an expression of the stored arguments (the engine's:
-    ``current_arguments(version)``, the arguments of the job whose frame this transaction has, its
-    definition still ``version``), each cast to its stored type, so the type's input function reads it, as
-    ``$1::type`` with an untyped parameter did. Types are the catalog's own ``format_type`` output stored at
-    admission (already quoted), so the CALL hits exactly the admitted overload or fails; positional arguments
-    come first, as given. Identifiers are always quoted. Built with plain string operations: one is built
-    per job definition loaded, and psycopg's sql composition cost several times more (a burst of 10,000 new
-    jobs spent a fifth of the daemon's CPU in it).
+    ``ARGUMENTS``, the setting the attempt's begin made), each cast to its stored type, so the type's input
+    function reads it, as ``$1::type`` with an untyped parameter did. Types are the catalog's own
+    ``format_type`` output stored at admission (already quoted), so the CALL hits exactly the admitted
+    overload or fails; positional arguments come first, as given. Identifiers are always quoted. Built with
+    plain string operations: one is built per job definition loaded, and psycopg's sql composition cost
+    several times more (a burst of 10,000 new jobs spent a fifth of the daemon's CPU in it).
     """
     declarations: list[str] = []
     parts: list[str] = []
-    rendered = _call_arguments(arguments, DO_ARGUMENTS)
-    if rendered:
-        declarations.append(f"{DO_ARGUMENTS} pg_catalog.jsonb := {stored};")
-    for number, (type_name, value, name) in enumerate(rendered, 1):
+    # each variable's expression reads the setting itself: one expression fewer to plan in a block compiled
+    # afresh at every run than a variable holding the arguments
+    for number, (type_name, value, name) in enumerate(_call_arguments(arguments, f"({stored})"), 1):
         variable = f'"radix_argument_{number}"'
         declarations.append(f"{variable} {type_name} := {value};")
         parts.append(f"{name} => {variable}" if name else variable)
@@ -186,8 +182,7 @@ def definition_from_row(row: dict[str, Any]) -> JobDefinition:
         arguments = row["arguments"]
         if isinstance(arguments, str):
             arguments = json.loads(arguments)
-        call = build_call(row["procedure_schema"], row["procedure_name"], arguments,
-                          current_arguments(int(row["definition_version"])))
+        call = build_call(row["procedure_schema"], row["procedure_name"], arguments, ARGUMENTS)
         batch_call = build_batch_call(row["procedure_schema"], row["procedure_name"], arguments)
     return JobDefinition(
         job_id=row["job_id"], definition_version=int(row["definition_version"]),

@@ -7086,10 +7086,14 @@ END $$;
 --
 -- A tick's CALL carried its arguments as constants in the query text, which pg_stat_activity shows to every
 -- session of the same role: code of one owner running as a principal another owner shares read the other
--- owner's arguments there. The engine's CALL now names no value: a lone tick's or a lease attempt's DO block
--- reads its job's arguments from radix.current_arguments() (the attempt's frame decides the job, and only a
--- job's own tick has its frame), a batched tick's CALL takes them as the parameter $1 of run_ticks' EXECUTE,
--- from radix.start_ticks, which reads them with the tick's other checks (engine/definitions.py).
+-- owner's arguments there. The engine's CALL now names no value (engine/definitions.py):
+-- - a lone tick's or a lease attempt's DO block reads the job's stored arguments from the transaction's
+--   setting `radix.arguments`, which radix.begin_tick sets once it has started the tick (a lease attempt's
+--   begin sets it from radix.current_arguments(), which answers for the job whose frame this backend has);
+-- - a batched tick's CALL takes them as the parameter $1 of run_ticks' EXECUTE, from radix.start_ticks,
+--   which reads them with the tick's other checks.
+-- A setting is seen by its own session only; a tick's code reads there its own job's arguments, which its
+-- CALL gives it anyway.
 
 -- The stored arguments (radix.jobs.arguments) of the job whose attempt or tick runs in this transaction, when
 -- its definition is still `version` (the one the engine rendered the CALL from); raises otherwise. Anyone may
@@ -7111,6 +7115,23 @@ BEGIN
     RETURN stored;
 END $$;
 GRANT EXECUTE ON FUNCTION radix.current_arguments(bigint) TO PUBLIC;
+
+-- begin_tick: as 0016, and the tick's stored arguments in `radix.arguments` for its DO block (until the
+-- transaction ends).
+CREATE OR REPLACE FUNCTION radix.begin_tick(job uuid, planned_ns bigint, mac text) RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET jit = off
+AS $$
+DECLARE
+    r record;
+BEGIN
+    SELECT * INTO r FROM radix.start_tick(job, planned_ns, mac);
+    IF r.error_sqlstate IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = r.error_sqlstate, MESSAGE = r.error_message;
+    END IF;
+    PERFORM set_config('radix.arguments', (SELECT j.arguments::text FROM radix.jobs j WHERE j.job_id = job), true);
+END $$;
 
 -- start_ticks: as 0017, and each started tick's stored arguments (`arguments`), for its CALL's $1.
 DROP FUNCTION radix.start_ticks(uuid[], bigint[], text[]);
