@@ -7130,7 +7130,9 @@ BEGIN
     IF r.error_sqlstate IS NOT NULL THEN
         RAISE EXCEPTION USING ERRCODE = r.error_sqlstate, MESSAGE = r.error_message;
     END IF;
-    PERFORM set_config('radix.arguments', (SELECT j.arguments::text FROM radix.jobs j WHERE j.job_id = job), true);
+    -- (never left unset: a default of the principal's own, ALTER ROLE ... SET radix.arguments, is not read)
+    PERFORM set_config('radix.arguments',
+                       coalesce((SELECT j.arguments::text FROM radix.jobs j WHERE j.job_id = job), '[]'), true);
 END $$;
 
 -- start_ticks: as 0017, and each started tick's stored arguments (`arguments`), for its CALL's $1.
