@@ -35,15 +35,15 @@ def test_the_backoff_doubles_after_the_free_failures_up_to_the_cap() -> None:
     assert delay_after(10_000) == MAX_DELAY_S
     clock = Clock()
     throttle = LoginThrottle(clock)
-    keys = ["client:192.0.2.1", "role:alice"]
+    keys = ["client:127.0.0.21", "role:alice"]
     for _ in range(FREE_FAILURES - 1):
         assert _fail(throttle, keys) == 0.0
     assert _fail(throttle, keys) == 1.0
     assert throttle.begin(keys) == 1.0  # refused, nothing checked, nothing counted
-    assert throttle.begin(["client:192.0.2.9", "role:alice"]) == 1.0  # the role, from another client
-    assert throttle.begin(["client:192.0.2.1", "role:bob"]) == 1.0  # the client, for another role
-    assert throttle.begin(["client:192.0.2.9", "role:bob"]) == 0.0
-    throttle.end(["client:192.0.2.9", "role:bob"], failed=False)
+    assert throttle.begin(["client:127.0.0.29", "role:alice"]) == 1.0  # the role, from another client
+    assert throttle.begin(["client:127.0.0.21", "role:bob"]) == 1.0  # the client, for another role
+    assert throttle.begin(["client:127.0.0.29", "role:bob"]) == 0.0
+    throttle.end(["client:127.0.0.29", "role:bob"], failed=False)
     assert throttle.failures("role:alice") == FREE_FAILURES
     clock.now += 1.0
     assert _fail(throttle, keys) == 2.0
@@ -104,8 +104,8 @@ def test_memory_is_bounded_and_a_flood_of_new_keys_keeps_the_count_under_attack(
 
 
 @pytest.mark.parametrize(("address", "key"), [
-    ("192.0.2.1", "client:192.0.2.1"), ("::ffff:192.0.2.1", "client:192.0.2.1"),
-    ("2001:db8:1:2:3:4:5:6", "client:2001:db8:1:2::/64"), ("2001:db8:1:2::9", "client:2001:db8:1:2::/64"),
+    ("127.0.0.21", "client:127.0.0.21"), ("::ffff:127.0.0.21", "client:127.0.0.21"),
+    ("::1", "client:::/64"), ("::1:0:0:9", "client:::/64"), ("0:0:0:1::1", "client:0:0:0:1::/64"),
     (None, "client:?"), ("not-an-address", "client:not-an-address"),
 ])
 def test_client_keys(address: str | None, key: str) -> None:
