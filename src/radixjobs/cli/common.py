@@ -17,7 +17,7 @@ from radixjobs.config import Target, open_target
 from radixjobs.db import bound_lock_waits, connect
 from radixjobs.engine.batches import BATCH_MAX
 from radixjobs.errors import RadixError
-from radixjobs.fairness import LONG_ATTEMPT_S
+from radixjobs.fairness import LONG_ATTEMPT_S, reserved_slots
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -142,10 +142,12 @@ def reserve_options(slots: str) -> Callable[[F], F]:
 
 
 def check_reserved_slots(reserved: int | None, slots: int, slots_flag: str) -> None:
-    """A usage error naming both flags when more slots are reserved than there are."""
-    if reserved is not None and reserved > slots:
+    """A usage error naming both flags when the reserve is not one of the slots (fairness.reserved_slots)."""
+    try:
+        reserved_slots(slots, reserved)
+    except ValueError:
         raise click.BadParameter(f"{reserved} is more than the {slots} slots of {slots_flag}",
-                                 param_hint="--reserved-slots")
+                                 param_hint="--reserved-slots") from None
 
 
 def tick_batch_option(function: F) -> F:
