@@ -194,8 +194,10 @@ def get_job(conn: Conn, name: QualifiedName | str) -> dict[str, Any] | None:
     """One job by qualified name (``schema.name``), or None."""
     with conn.cursor(row_factory=dict_row) as cur:
         return cur.execute(
-            "SELECT o.* FROM radix.job_overview o, parse_ident(%s) AS p "
-            "WHERE cardinality(p) = 2 AND o.schema_name = p[1] AND o.job_name = p[2]",
+            # qualified: the pg_cron import asks it on a session with its user's own search_path
+            "SELECT o.* FROM radix.job_overview o, pg_catalog.parse_ident(%s::pg_catalog.text) AS p "
+            "WHERE pg_catalog.cardinality(p) OPERATOR(pg_catalog.=) 2 AND o.schema_name OPERATOR(pg_catalog.=) p[1] "
+            "AND o.job_name OPERATOR(pg_catalog.=) p[2]",
             (str(name),)).fetchone()
 
 

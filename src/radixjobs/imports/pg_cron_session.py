@@ -61,9 +61,6 @@ FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_ca
 WHERE n.nspname OPERATOR(pg_catalog.=) %s::pg_catalog.name AND p.proname OPERATOR(pg_catalog.=) %s::pg_catalog.name
 ORDER BY p.oid LIMIT 1
 """
-JOB_NAMED = (b"SELECT o.principal::pg_catalog.text, o.owner::pg_catalog.text FROM radix.job_overview o "
-             b"WHERE o.schema_name OPERATOR(pg_catalog.=) %s::pg_catalog.text "
-             b"AND o.job_name OPERATOR(pg_catalog.=) %s::pg_catalog.text")
 # Creating a temporary object makes the session's temporary schema, whose name the second query reads.
 TEMPORARY_SCHEMA = (b"CREATE TEMPORARY SEQUENCE IF NOT EXISTS pg_temp.radixjobs_import",
                     b"SELECT n.nspname::pg_catalog.text FROM pg_catalog.pg_namespace n "
@@ -151,10 +148,10 @@ class Watchdog:
 def existing(conn: Conn, job: JobPlan) -> Outcome | None:
     """The outcome for a job whose name is taken, as far as ``conn``'s role sees (None: not seen): left alone
     when it runs as the row's user, else refused, naming who it runs as."""
-    found = conn.execute(JOB_NAMED, (job.name.schema, job.name.name)).fetchone()
+    found = catalog.get_job(conn, job.name)
     if found is None:
         return None
-    principal, owner = found
+    principal, owner = found["principal"], found["owner"]
     if principal == job.principal:
         return job.outcome("exists", "a job of this name exists; left as it is")
     return job.outcome("refused", f"a job of this name exists, RUN AS {principal} (owner {owner}), not as "
