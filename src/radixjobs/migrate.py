@@ -1,16 +1,25 @@
-"""Versioned, forward-only schema migrations, applied under a row lock and recorded in a table.
+"""The radix schema: versioned migrations for tables, and routines re-applied on every install.
 
-``sql/migrations/NNNN_name.sql`` are the steps; ``sql/schema.sql`` is the current schema in one file, used
-for a fresh install. A test checks that both build the same database.
+Two kinds of SQL file, each object defined once:
+
+- ``sql/migrations/NNNN_name.sql``: tables, columns, indexes and data, applied in order and recorded in
+  ``radix.schema_migrations``. The first is a baseline (the tables as they stood at its version); an install
+  at ``UPGRADES_FROM`` or later already has the baseline's tables, which is recorded without running it; an
+  older install is refused. Numbering after the baseline is gap-free.
+- ``sql/routines/*.sql`` (in ``ROUTINES`` order): every function, view, trigger and grant, applied by every
+  install with ``CREATE OR REPLACE`` (an object whose shape cannot be replaced is dropped first; see
+  ``routines.py``), then every radix routine, view and trigger not in them is dropped, and the source's
+  checksum recorded in ``radix.routine_source``. ``grants.sql``, applied last, is the public API's
+  allow-list. Readiness compares the recorded checksum with the code's.
 
 Installs serialise on the row of ``radix.migration_lock`` (created by ``bootstrap.sql``), never on an
 advisory key: any role can hold an advisory lock, and any role with USAGE on schema radix can hold table
 locks on its tables (PREPARE locks without a privilege), but only a privileged statement can lock a row.
 Every wait of an install is bounded (``db.lock_timeout_ms``) and ends in a one-line SchemaError naming
 the sessions holding locks on radix objects. Any role reads the installed version through
-``radix.schema_version()`` (0009 on); the ledger itself stays the installer's. The schema-change
-notification is a hint, skipped while the notification queue is half full (a full queue would fail the
-COMMIT).
+``radix.schema_version()`` and the checksum through ``radix.routine_checksum()``; the ledger itself stays the
+installer's. The schema-change notification is a hint, skipped while the notification queue is half full (a
+full queue would fail the COMMIT).
 """
 
 from __future__ import annotations
@@ -25,6 +34,7 @@ from typing import Any
 import psycopg
 from psycopg import errors
 
+from radixjobs import routines
 from radixjobs.db import bound_lock_waits, lock_timeout_ms
 from radixjobs.errors import SchemaError
 
@@ -52,6 +62,11 @@ VERSION_PROBE = (
     "THEN pg_catalog.has_table_privilege('radix.schema_migrations', 'SELECT') END")
 # A schema older than 0009 read by a role that may not read its ledger: older than any code that asks.
 VERSION_UNKNOWN = 0
+# Does radix.routine_checksum() exist; then: the routines' checksum, for any role.
+CHECKSUM_PROBE = "SELECT pg_catalog.to_regprocedure('radix.routine_checksum()') IS NOT NULL"
+CHECKSUM_QUERY = "SELECT radix.routine_checksum()"
+# The oldest installed version this code upgrades: from it on, the tables are the baseline's.
+UPGRADES_FROM = 17
 _NAME = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
 
 
@@ -69,15 +84,15 @@ def read_sql(name: str) -> str:
 
 @cache
 def migrations() -> tuple[Migration, ...]:
-    """All known migrations in version order (numbering must be gap-free from 1)."""
+    """All known migrations in version order: the baseline, then each next version without gaps."""
     found = []
     for entry in resources.files("radixjobs").joinpath("sql", "migrations").iterdir():
         match = _NAME.match(entry.name)
         if match:
             found.append(Migration(int(match[1]), match[2], entry.read_text(encoding="utf-8")))
     found.sort(key=lambda m: m.version)
-    if [m.version for m in found] != list(range(1, len(found) + 1)):
-        raise SchemaError("migration files are not numbered 0001, 0002, … without gaps")
+    if not found or [m.version for m in found] != list(range(found[0].version, found[0].version + len(found))):
+        raise SchemaError("migration files are not numbered without gaps after the baseline")
     return tuple(found)
 
 
@@ -112,11 +127,9 @@ def version_query(probe: Sequence[Any]) -> str | None:
     return None
 
 
-def install(conn: psycopg.Connection[Any], *, from_schema: bool = True) -> list[Migration]:
-    """Apply what is missing in one transaction; returns the migrations applied (empty: up to date).
-
-    A fresh database gets ``schema.sql`` (unless ``from_schema`` is False: then every migration).
-    """
+def install(conn: psycopg.Connection[Any]) -> list[Migration]:
+    """Apply the missing migrations and re-apply the routines, in one transaction; returns the migrations
+    recorded (empty: the tables were up to date)."""
     try:
         _bootstrap(conn)
         with conn.transaction():
@@ -127,16 +140,20 @@ def install(conn: psycopg.Connection[Any], *, from_schema: bool = True) -> list[
             if current == VERSION_UNKNOWN:
                 raise SchemaError(f"role {conn.info.user!r} may not read the radix schema's version in database "
                                   f"{conn.info.dbname!r}: run `radixjobs install` as the role that owns schema radix")
+            if current is not None and current < UPGRADES_FROM:
+                raise SchemaError(f"the radix schema in database {conn.info.dbname!r} is at version {current}; "
+                                  f"this radixjobs upgrades version {UPGRADES_FROM} or newer: upgrade with an "
+                                  "older radixjobs first")
             missing = [m for m in migrations() if current is None or m.version > current]
-            if current is None and from_schema:
-                conn.execute(read_sql("schema.sql"))
-            else:
-                for migration in missing:
-                    conn.execute(migration.sql)
+            baseline = migrations()[0]
             for migration in missing:
+                if current is None or migration is not baseline:  # an install since UPGRADES_FROM has its tables
+                    conn.execute(migration.sql)
                 conn.execute("INSERT INTO radix.schema_migrations (version, name) "
                               "VALUES (%s::pg_catalog.int4, %s::pg_catalog.text)", (migration.version, migration.name))
-            if missing:
+            changed = _routine_checksum(conn) != routines.checksum()
+            routines.apply(conn)
+            if missing or changed:
                 conn.execute("SELECT pg_catalog.pg_notify('radix_schema', %s::pg_catalog.text) "
                              "WHERE pg_catalog.pg_notification_queue_usage() OPERATOR(pg_catalog.<) "
                              "%s::pg_catalog.float8", (str(code_version()), NOTIFY_QUEUE_LIMIT))
@@ -147,6 +164,15 @@ def install(conn: psycopg.Connection[Any], *, from_schema: bool = True) -> list[
                           f"{conn.info.dbname!r} ({exc.diag.message_primary}): run `radixjobs install` as the "
                           "role that owns schema radix") from None
     return missing
+
+
+def _routine_checksum(conn: psycopg.Connection[Any]) -> str | None:
+    """The checksum of the routines installed (None: none recorded, or a schema from before it was)."""
+    probe = conn.execute(CHECKSUM_PROBE).fetchone()
+    if not probe or not probe[0]:
+        return None
+    row = conn.execute(CHECKSUM_QUERY).fetchone()
+    return str(row[0]) if row and row[0] is not None else None
 
 
 def _bootstrap(conn: psycopg.Connection[Any]) -> None:
@@ -194,7 +220,7 @@ def _refuse_newer(current: int | None) -> None:
 
 
 def check_ready(conn: psycopg.Connection[Any]) -> None:
-    """Raise SchemaError unless the radix schema is installed at exactly the code's version."""
+    """Raise SchemaError unless the radix schema is installed at exactly the code's version and routines."""
     current = installed_version(conn)
     _refuse_newer(current)
     if current is None:
@@ -204,3 +230,6 @@ def check_ready(conn: psycopg.Connection[Any]) -> None:
         at = "an older version" if current == VERSION_UNKNOWN else f"version {current}"
         raise SchemaError(f"the radix schema in database {conn.info.dbname!r} is at {at}, "
                           f"this radixjobs needs {code_version()}: run `radixjobs install`")
+    if _routine_checksum(conn) != routines.checksum():
+        raise SchemaError(f"the radix routines in database {conn.info.dbname!r} are not this radixjobs' own "
+                          "(another version installed them): run `radixjobs install`")

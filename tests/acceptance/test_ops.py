@@ -190,7 +190,7 @@ def test_the_wheel_installs_and_ships_its_files(tmp_path: Path) -> None:
     package = ROOT / "src" / "radixjobs"
     data = {f"radixjobs/{p.relative_to(package).as_posix()}" for p in package.rglob("*")
             if p.is_file() and p.suffix not in (".py", ".pyc") and "__pycache__" not in p.parts}
-    assert "radixjobs/sql/schema.sql" in data
+    assert "radixjobs/sql/routines/grants.sql" in data
     assert data <= names
     licenses = [n for n in names if n.endswith(".dist-info/licenses/LICENSE")]
     assert len(licenses) == 1
@@ -199,7 +199,8 @@ def test_the_wheel_installs_and_ships_its_files(tmp_path: Path) -> None:
                    check=True, capture_output=True, timeout=180)
     env = {**os.environ, "PYTHONPATH": str(target)}
     check = subprocess.run([sys.executable, "-c", "import radixjobs, radixjobs.migrate as m; "
-                            "print(radixjobs.__file__); print(m.code_version()); print(len(m.read_sql('schema.sql')))"],
+                            "print(radixjobs.__file__); print(m.code_version()); "
+                            "print(len(m.read_sql('routines/grants.sql')))"],
                            capture_output=True, text=True, env=env, cwd=tmp_path, timeout=60)
     assert check.returncode == 0, check.stderr
     path, version, size = check.stdout.split()

@@ -425,7 +425,6 @@ def test_direct_catalog_access_is_refused(site: Site, statement: str) -> None:
 IMPERSONATIONS: dict[str, LiteralString] = {
     "_create_job": "SELECT radix._create_job(%(victim)s::text, 'app.forged', '{\"every\": \"5 minutes\"}', "
                    "%(victim)s::text, 'work.task', '[]', true, false, '{}')",
-    "_alter_job": "SELECT radix._alter_job(%(victim)s, 'app.nightly', false)",
     "_change_job": "SELECT radix._change_job(%(victim)s, 'app.nightly', false, NULL, NULL, NULL, NULL, NULL, "
                    "NULL, NULL)",
     "_request_ticks": "SELECT radix._request_ticks(%(victim)s, 'app.nightly', ARRAY[1]::bigint[], 'run')",

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from radixjobs import migrate, observe, retry
+from radixjobs import migrate, observe, retry, routines
 from radixjobs.db import scheduler_dsn
 from radixjobs.documents.scheduler import COUNTER_KEYS as DOCUMENT_COUNTER_KEYS
 from radixjobs.engine.batches import BATCH_MAX
@@ -62,8 +62,8 @@ def dsn_for_database(dsn: str, dbname: str) -> str:
 
 
 async def is_ready(dsn: str, *, unreachable_raises: bool = False) -> bool:
-    """Is radixjobs installed there at exactly this code's schema version? A server that cannot be reached
-    is not ready, or (``unreachable_raises``) raises its psycopg.OperationalError."""
+    """Is radixjobs installed there at exactly this code's schema version and routines? A server that cannot
+    be reached is not ready, or (``unreachable_raises``) raises its psycopg.OperationalError."""
     try:
         conn = await psycopg.AsyncConnection.connect(scheduler_dsn(dsn), autocommit=True, connect_timeout=5)
     except psycopg.OperationalError:
@@ -81,9 +81,13 @@ async def is_ready(dsn: str, *, unreachable_raises: bool = False) -> bool:
                 return False
             cur = await conn.execute(query)
             row = await cur.fetchone()
+            if not (row and row[0] == migrate.code_version()):
+                return False
+            cur = await conn.execute(migrate.CHECKSUM_QUERY)
+            row = await cur.fetchone()
     except psycopg.Error:
         return False
-    return bool(row and row[0] == migrate.code_version())
+    return bool(row and row[0] == routines.checksum())
 
 
 def public_error(source: str, record: dict[str, Any]) -> dict[str, str]:

@@ -1,91 +1,14 @@
--- 0004: CRON_TABLE documents (the DocScheduler front-end, SPEC §6): storage, validation, admission,
--- system processes and the scheduler's verbs.
---
--- A document {"dockind": "CRON_TABLE", "status": ..., "props": {...}} is one row of radix.cron_table:
--- `props` holds the definition as the user gave it (maintained properties are never stored there, RUN_AS
--- is resolved), typed columns hold what the scheduler maintains. Documents are written only through
--- radix.apply_document(s), which validate the WHOLE input and name every problem before writing
--- anything; the Python API checks the same rules first (documents/model.py: keep the texts identical).
+-- CRON_TABLE documents: checked, applied, and run by the document scheduler.
 
-CREATE TABLE radix.cron_table (
-    num              text PRIMARY KEY,
-    dockind          text NOT NULL DEFAULT 'CRON_TABLE' CHECK (dockind = 'CRON_TABLE'),
-    status           text NOT NULL CHECK (status IN
-                       ('CRON_TABLE_ACTIVE', 'CRON_TABLE_PASSIVE', 'CRON_TABLE_ERROR')),
-    props            jsonb NOT NULL,
-    owner_oid        oid NOT NULL,          -- the role that created the document
-    writer_oid       oid NOT NULL,          -- the role whose apply last changed it: RUN_AS was checked for it
-    principal_oid    oid NOT NULL,          -- RUN_AS
-    version          bigint NOT NULL DEFAULT 1,
-    first_run        timestamptz,
-    -- maintained by the scheduler
-    sys_process_id   bigint,
-    count_error      integer NOT NULL DEFAULT 0,
-    last_run         timestamptz,
-    next_run         timestamptz,
-    daily_start_time timestamptz,
-    daily_end_time   timestamptz,
-    error_text       text,
-    created_at       timestamptz NOT NULL DEFAULT clock_timestamp(),
-    updated_at       timestamptz NOT NULL DEFAULT clock_timestamp()
-);
-
-CREATE TABLE radix.sys_processes (
-    id          bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    task_num    text NOT NULL REFERENCES radix.cron_table ON DELETE CASCADE,
-    doc_version bigint NOT NULL,
-    type        text NOT NULL CHECK (type IN ('db', 'csp')),
-    target      text NOT NULL,
-    params      jsonb,
-    status      text NOT NULL DEFAULT 'running' CHECK (status IN ('running', 'completed', 'failed')),
-    error_text  text,
-    started_at  timestamptz NOT NULL,
-    finished_at timestamptz,
-    node        text NOT NULL
-);
-CREATE INDEX sys_processes_task ON radix.sys_processes (task_num, id);
-
-REVOKE ALL ON radix.cron_table, radix.sys_processes FROM PUBLIC;
-
--- Every change of a document or of a process's status wakes the schedulers at once (the seed's
--- reload on change and trgProcessChanged); the payload is the task's NUM.
-CREATE FUNCTION radix._notify_document() RETURNS trigger
-LANGUAGE plpgsql
-SET search_path = pg_catalog, pg_temp
-AS $$
-BEGIN
-    IF TG_OP = 'DELETE' THEN
-        PERFORM pg_notify('radix_documents', OLD.num);
-    ELSE
-        PERFORM pg_notify('radix_documents', NEW.num);
-    END IF;
-    RETURN NULL;
-END $$;
-
-CREATE FUNCTION radix._notify_process() RETURNS trigger
-LANGUAGE plpgsql
-SET search_path = pg_catalog, pg_temp
-AS $$
-BEGIN
-    PERFORM pg_notify('radix_documents', NEW.task_num);
-    RETURN NULL;
-END $$;
-
-CREATE TRIGGER "trgCronTableChanged" AFTER INSERT OR UPDATE OR DELETE ON radix.cron_table
-    FOR EACH ROW EXECUTE FUNCTION radix._notify_document();
-CREATE TRIGGER "trgProcessChanged" AFTER INSERT OR UPDATE OF status ON radix.sys_processes
-    FOR EACH ROW EXECUTE FUNCTION radix._notify_process();
-
--- -- validation ---------------------------------------------------------------------------------------
-
-CREATE FUNCTION radix._doc_present(v jsonb) RETURNS boolean
+CREATE OR REPLACE FUNCTION radix._doc_present(v jsonb) RETURNS boolean
 LANGUAGE sql IMMUTABLE
 RETURN v IS NOT NULL AND jsonb_typeof(v) <> 'null';
 
 -- The task key of a document: an integer NUM as its digits, a string NUM as given; NULL when invalid.
-CREATE FUNCTION radix.document_num(doc jsonb) RETURNS text
+CREATE OR REPLACE FUNCTION radix.document_num(doc jsonb) RETURNS text
 LANGUAGE sql IMMUTABLE
 SET search_path = pg_catalog, pg_temp
+SET jit = off
 RETURN (SELECT CASE
           WHEN jsonb_typeof(n) = 'number' AND n::text ~ '^-?[0-9]{1,100}$' THEN n::text
           WHEN jsonb_typeof(n) = 'string' AND btrim(n #>> '{}') <> '' AND length(n #>> '{}') <= 100
@@ -95,9 +18,10 @@ RETURN (SELECT CASE
                           THEN doc->'props'->'NUM' END AS n) x);
 
 -- Is `name` a function name: `name` or `schema.name`, PostgreSQL identifier rules, each part <= 63 bytes?
-CREATE FUNCTION radix._doc_function_name_ok(name text) RETURNS boolean
+CREATE OR REPLACE FUNCTION radix._doc_function_name_ok(name text) RETURNS boolean
 LANGUAGE plpgsql IMMUTABLE
 SET search_path = pg_catalog, pg_temp
+SET jit = off
 AS $$
 DECLARE
     parts text[];
@@ -108,9 +32,10 @@ EXCEPTION WHEN OTHERS THEN
     RETURN false;
 END $$;
 
-CREATE FUNCTION radix._doc_json_text_ok(s text) RETURNS boolean
+CREATE OR REPLACE FUNCTION radix._doc_json_text_ok(s text) RETURNS boolean
 LANGUAGE plpgsql IMMUTABLE
 SET search_path = pg_catalog, pg_temp
+SET jit = off
 AS $$
 BEGIN
     PERFORM s::jsonb;
@@ -119,10 +44,11 @@ EXCEPTION WHEN OTHERS THEN
     RETURN false;
 END $$;
 
-CREATE FUNCTION radix._doc_timestamp_ok(s text) RETURNS boolean
+CREATE OR REPLACE FUNCTION radix._doc_timestamp_ok(s text) RETURNS boolean
 LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
 SET TimeZone = 'UTC'
+SET jit = off
 AS $$
 BEGIN
     IF s !~ '^[0-9]{4}-[0-9]{2}-[0-9]{2}([T ][0-9]{2}:[0-9]{2}(:[0-9]{2}(\.[0-9]{1,6})?)?(Z|[+-][0-9]{2}(:?[0-9]{2})?)?)?$' THEN
@@ -136,9 +62,10 @@ END $$;
 
 -- Every structural problem of one document, in a fixed order (empty: valid). Pure: no catalog
 -- lookups; RUN_AS and ownership are checked by the apply functions. Texts match documents/model.py.
-CREATE FUNCTION radix.document_problems(doc jsonb) RETURNS text[]
+CREATE OR REPLACE FUNCTION radix.document_problems(doc jsonb) RETURNS text[]
 LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
+SET jit = off
 AS $$
 DECLARE
     known text[] := ARRAY['NUM', 'DESCR', 'DB_FUNCTION', 'CSP_SERVICE', 'CSP_SERVICE_PARAMS', 'INTERVAL',
@@ -245,52 +172,21 @@ BEGIN
     RETURN out;
 END $$;
 
--- -- admission ------------------------------------------------------------------------------------------
-
-CREATE FUNCTION radix._doc_prefix(doc jsonb, pos integer, single boolean) RETURNS text
+CREATE OR REPLACE FUNCTION radix._doc_prefix(doc jsonb, pos integer, single boolean) RETURNS text
 LANGUAGE sql IMMUTABLE
 SET search_path = pg_catalog, pg_temp
+SET jit = off
 RETURN CASE WHEN single THEN coalesce('NUM ' || radix.document_num(doc) || ': ', '')
             ELSE 'document ' || pos || coalesce(' (NUM ' || radix.document_num(doc) || ')', '') || ': ' END;
-
--- What `caller` may not do with a structurally valid document: RUN_AS (exists, may act as it, can log
--- in) and ownership of an existing document. Returns (problem, is_permission) rows.
-CREATE FUNCTION radix._doc_access_problems(caller oid, doc jsonb)
-RETURNS TABLE (problem text, permission boolean)
-LANGUAGE plpgsql STABLE
-SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-    run_as text := coalesce(doc->'props'->>'RUN_AS', (SELECT rolname FROM pg_roles WHERE oid = caller));
-    principal pg_roles;
-    owner oid := (SELECT owner_oid FROM radix.cron_table WHERE num = radix.document_num(doc));
-BEGIN
-    IF owner IS NOT NULL AND NOT (SELECT rolsuper FROM pg_roles WHERE oid = caller)
-       AND NOT (EXISTS (SELECT 1 FROM pg_roles WHERE oid = owner) AND pg_has_role(caller, owner, 'MEMBER')) THEN
-        RETURN QUERY SELECT format('permission denied: task %s belongs to role %s; only its owner (or a member '
-                                   'of it) may change it', radix.document_num(doc), pg_get_userbyid(owner)), true;
-    END IF;
-    SELECT * INTO principal FROM pg_roles WHERE rolname = run_as;
-    IF NOT FOUND THEN
-        RETURN QUERY SELECT format('RUN_AS role %s does not exist', quote_literal(run_as)), false;
-    ELSIF NOT radix.may_act_as(caller, principal.oid) THEN
-        RETURN QUERY SELECT CASE WHEN principal.rolsuper
-            THEN format('permission denied to run as superuser %s: only superusers may', quote_ident(run_as))
-            ELSE format('permission denied to run as role %s: the writer must be able to SET ROLE to it',
-                        quote_ident(run_as)) END, true;
-    ELSIF NOT principal.rolcanlogin THEN
-        RETURN QUERY SELECT format('role %s cannot log in: tasks run on a connection logged in as RUN_AS '
-                                   '(ALTER ROLE %s LOGIN)', quote_ident(run_as), quote_ident(run_as)), false;
-    END IF;
-END $$;
 
 -- Write one checked document (its key is locked by the caller). Identical definition and status:
 -- nothing changes. Otherwise the version goes up; a status set back to ACTIVE re-arms the task
 -- (error counter, error text and NEXT_RUN cleared: due at FIRST_RUN, or now). Run state is kept.
-CREATE FUNCTION radix._doc_write(caller oid, doc jsonb) RETURNS jsonb
+CREATE OR REPLACE FUNCTION radix._doc_write(caller oid, doc jsonb) RETURNS jsonb
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 SET TimeZone = 'UTC'
+SET jit = off
 AS $$
 DECLARE
     maintained text[] := ARRAY['SYS_PROCESS_ID', 'COUNT_ERROR', 'LAST_RUN', 'NEXT_RUN', 'DAILY_START_TIME',
@@ -331,11 +227,11 @@ BEGIN
     RETURN jsonb_build_object('num', key, 'action', 'updated', 'version', old.version + 1, 'ignored', ignored);
 END $$;
 
--- Apply a list of documents all-or-nothing: every problem of every document is named in one error
--- (DETAIL, one per line), or all are written. `single` only changes how problems are prefixed.
-CREATE FUNCTION radix._apply_documents(creator name, docs jsonb, single boolean) RETURNS jsonb
+-- Every key is locked on radix.name_locks (was: advisory locks any role could hold), with bounded waits.
+CREATE OR REPLACE FUNCTION radix._apply_documents(creator name, docs jsonb, single boolean) RETURNS jsonb
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET jit = off
 AS $$
 DECLARE
     caller oid := radix._caller(creator);
@@ -344,6 +240,7 @@ DECLARE
     d record;
     a record;
     results jsonb := '[]';
+    prior_timeout text;
 BEGIN
     IF jsonb_typeof(docs) IS DISTINCT FROM 'array' THEN
         RAISE EXCEPTION 'documents must be a JSON object or a list of objects' USING ERRCODE = '22023';
@@ -358,8 +255,9 @@ BEGIN
         FROM (SELECT radix.document_num(e) AS k, n FROM jsonb_array_elements(docs) WITH ORDINALITY AS x(e, n)) s
         WHERE k IS NOT NULL GROUP BY k HAVING count(*) > 1 ORDER BY min(n));
     IF cardinality(problems) = 0 THEN
+        prior_timeout := radix._bound_lock_wait();
         -- lock every key in one order (concurrent lists cannot deadlock), then check access
-        PERFORM pg_advisory_xact_lock(hashtext('radix.doc:' || k))
+        PERFORM radix._lock_name('doc', k)
         FROM (SELECT radix.document_num(e) AS k FROM jsonb_array_elements(docs) e
               ORDER BY radix.document_num(e) COLLATE "C") s;
         FOR d IN SELECT e, n::integer AS n FROM jsonb_array_elements(docs) WITH ORDINALITY AS x(e, n) LOOP
@@ -375,68 +273,37 @@ BEGIN
             USING ERRCODE = CASE WHEN permission THEN '42501' ELSE '22023' END,
                   DETAIL = array_to_string(problems, E'\n');
     END IF;
-    FOR d IN SELECT e FROM jsonb_array_elements(docs) e LOOP
-        results := results || radix._doc_write(caller, d.e);
-    END LOOP;
+    BEGIN
+        FOR d IN SELECT e FROM jsonb_array_elements(docs) e LOOP
+            results := results || radix._doc_write(caller, d.e);
+        END LOOP;
+    EXCEPTION WHEN lock_not_available THEN
+        RAISE EXCEPTION 'CRON_TABLE task % is being changed by another transaction; try again',
+            radix.document_num(d.e) USING ERRCODE = '55P03',
+            HINT = 'The scheduler or another session holds it (see pg_stat_activity).';
+    END;
+    PERFORM pg_catalog.set_config('lock_timeout', prior_timeout, true);
     RETURN results;
 END $$;
 
+
 -- Public entry points (SECURITY INVOKER): the calling role is current_user at the call site.
 -- apply_document returns {"num", "action": created | updated | unchanged, "version", "ignored": [...]}.
-CREATE FUNCTION radix.apply_document(doc jsonb) RETURNS jsonb LANGUAGE sql VOLATILE
+CREATE OR REPLACE FUNCTION radix.apply_document(doc jsonb) RETURNS jsonb LANGUAGE sql VOLATILE
 RETURN radix._apply_documents(current_user, jsonb_build_array(doc), true) -> 0;
 
-CREATE FUNCTION radix.apply_documents(docs jsonb) RETURNS jsonb LANGUAGE sql VOLATILE
+CREATE OR REPLACE FUNCTION radix.apply_documents(docs jsonb) RETURNS jsonb LANGUAGE sql VOLATILE
 RETURN radix._apply_documents(current_user,
                               CASE WHEN jsonb_typeof(docs) = 'object' THEN jsonb_build_array(docs) ELSE docs END,
                               jsonb_typeof(docs) = 'object');
 
--- What a role may see: the documents it owns (directly or by membership); all for superusers.
-CREATE FUNCTION radix._doc_visible(owner oid) RETURNS boolean
-LANGUAGE sql STABLE
-SET search_path = pg_catalog, pg_temp
-RETURN CASE WHEN (SELECT rolsuper FROM pg_roles WHERE rolname = current_user) THEN true
-            WHEN NOT EXISTS (SELECT 1 FROM pg_roles WHERE oid = owner) THEN false
-            ELSE pg_has_role(current_user, owner, 'MEMBER') END;
-
-CREATE VIEW radix.document_overview WITH (security_barrier) AS
-SELECT c.num, c.dockind, c.status, c.props, pg_get_userbyid(c.owner_oid) AS owner,
-       pg_get_userbyid(c.principal_oid) AS principal, c.version, c.first_run, c.sys_process_id,
-       c.count_error, c.last_run, c.next_run, c.daily_start_time, c.daily_end_time, c.error_text,
-       CASE WHEN c.status = 'CRON_TABLE_ACTIVE' THEN coalesce(c.next_run, c.first_run) END AS next_run_at,
-       c.created_at, c.updated_at
-FROM radix.cron_table c
-WHERE radix._doc_visible(c.owner_oid);
-
-CREATE VIEW radix.document_processes WITH (security_barrier) AS
-SELECT p.id, p.task_num AS num, p.doc_version, p.type, p.target, p.params, p.status, p.error_text,
-       p.started_at, p.finished_at, p.finished_at - p.started_at AS duration, p.node
-FROM radix.sys_processes p JOIN radix.cron_table c ON c.num = p.task_num
-WHERE radix._doc_visible(c.owner_oid);
-
--- -- scheduler verbs (the scheduler's own role only) ---------------------------------------------------
--- `at_ts` is the scheduler's clock (NULL: the database clock). A process is live while it is running
--- and its node is alive; this node's own processes are live only while it runs them (`in_flight`).
-
--- Why the task may not run as its principal now (NULL: it may): checked at every start and finish.
-CREATE FUNCTION radix._doc_refusal(c radix.cron_table) RETURNS text
-LANGUAGE sql STABLE
-SET search_path = pg_catalog, pg_temp
-RETURN (SELECT CASE
-          WHEN r.oid IS NULL THEN 'RUN_AS role no longer exists'
-          WHEN NOT EXISTS (SELECT 1 FROM pg_roles WHERE oid = c.writer_oid)
-               OR NOT radix.may_act_as(c.writer_oid, c.principal_oid)
-               THEN 'permission denied: the document''s writer may no longer act as RUN_AS'
-          WHEN NOT r.rolcanlogin THEN format('role %s cannot log in', quote_ident(r.rolname))
-        END
-        FROM (SELECT 1) one LEFT JOIN pg_roles r ON r.oid = c.principal_oid);
-
 -- The ACTIVE tasks the decision table must look at: due ones, and ones with a recorded process.
-CREATE FUNCTION radix.doc_candidates(at_ts timestamptz, my_node text, in_flight bigint[])
+CREATE OR REPLACE FUNCTION radix.doc_candidates(at_ts timestamptz, my_node text, in_flight bigint[])
 RETURNS TABLE (num text, version bigint, due_at timestamptz, sys_process_id bigint, process_status text,
                process_live boolean, process_error text, now_ts timestamptz)
 LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp
+SET jit = off
 AS $$
     SELECT c.num, c.version, coalesce(c.next_run, c.first_run), c.sys_process_id, p.status,
            p.status = 'running' AND CASE WHEN p.node = my_node THEN p.id = ANY (in_flight)
@@ -451,9 +318,10 @@ $$;
 
 -- Seconds until the earliest idle ACTIVE task is due (0: now, or a recorded process needs a look);
 -- NULL when nothing is planned.
-CREATE FUNCTION radix.doc_next_due_in(at_ts timestamptz, my_node text, in_flight bigint[]) RETURNS float8
+CREATE OR REPLACE FUNCTION radix.doc_next_due_in(at_ts timestamptz, my_node text, in_flight bigint[]) RETURNS float8
 LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp
+SET jit = off
 AS $$
     SELECT greatest(0, extract(epoch FROM min(CASE
                WHEN c.sys_process_id IS NULL THEN coalesce(c.next_run, c.first_run, t.now_ts)
@@ -472,11 +340,12 @@ $$;
 -- still marked running (its node died) is closed as failed. Creates the system process, records it in
 -- SYS_PROCESS_ID and DAILY_START_TIME; `refusal` says why it must not run as its principal (it then
 -- fails without running). No row: someone else holds or started the task.
-CREATE FUNCTION radix.doc_start(task text, expected_process bigint, my_node text, at_ts timestamptz)
+CREATE OR REPLACE FUNCTION radix.doc_start(task text, expected_process bigint, my_node text, at_ts timestamptz)
 RETURNS TABLE (process_id bigint, kind text, target text, params jsonb, principal name, refusal text,
                started_at timestamptz, version bigint)
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
+SET jit = off
 AS $$
 DECLARE
     c radix.cron_table;
@@ -522,10 +391,11 @@ END $$;
 
 -- Record a process's outcome (completed / failed). NULL when it was no longer running (another node
 -- took the task over): the caller then stops. Returns the finish time.
-CREATE FUNCTION radix.doc_record(process bigint, succeeded boolean, error text, at_ts timestamptz)
+CREATE OR REPLACE FUNCTION radix.doc_record(process bigint, succeeded boolean, error text, at_ts timestamptz)
 RETURNS timestamptz
 LANGUAGE sql VOLATILE
 SET search_path = pg_catalog, pg_temp
+SET jit = off
 AS $$
     UPDATE radix.sys_processes SET status = CASE WHEN succeeded THEN 'completed' ELSE 'failed' END,
         error_text = error, finished_at = coalesce(at_ts, clock_timestamp())
@@ -534,12 +404,13 @@ AS $$
 $$;
 
 -- What the finish of `process` needs; no row when the task no longer records that process.
-CREATE FUNCTION radix.doc_finish_state(task text, process bigint)
+CREATE OR REPLACE FUNCTION radix.doc_finish_state(task text, process bigint)
 RETURNS TABLE (version bigint, status text, props jsonb, count_error integer, daily_start_time timestamptz,
                principal name, refusal text, process_status text, process_error text,
                process_finished_at timestamptz)
 LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp
+SET jit = off
 AS $$
     SELECT c.version, c.status, c.props, c.count_error, c.daily_start_time,
            pg_get_userbyid(c.principal_oid)::name, radix._doc_refusal(c), p.status, p.error_text, p.finished_at
@@ -551,11 +422,12 @@ $$;
 -- LAST_RUN, ERROR_TEXT, NEXT_RUN and COUNT_ERROR written; the status changes only while ACTIVE (a
 -- user's PASSIVE/ERROR wins). Fenced by the process and the definition version:
 -- 'done', 'stale' (the document changed meanwhile: decide again) or 'lost' (no longer ours).
-CREATE FUNCTION radix.doc_finish(task text, process bigint, expected_version bigint, new_status text,
+CREATE OR REPLACE FUNCTION radix.doc_finish(task text, process bigint, expected_version bigint, new_status text,
                                  next_run timestamptz, count_error integer, error text, at_ts timestamptz)
 RETURNS text
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
+SET jit = off
 AS $$
 DECLARE
     c radix.cron_table;
@@ -579,10 +451,11 @@ END $$;
 
 -- Full-reload housekeeping: a task that is no longer ACTIVE but still records a process that ended
 -- (or whose node died) is released: the process is closed, SYS_PROCESS_ID cleared. Returns the count.
-CREATE FUNCTION radix.doc_release_inactive(my_node text, in_flight bigint[], at_ts timestamptz)
+CREATE OR REPLACE FUNCTION radix.doc_release_inactive(my_node text, in_flight bigint[], at_ts timestamptz)
 RETURNS integer
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
+SET jit = off
 AS $$
 DECLARE
     now_ts timestamptz := coalesce(at_ts, clock_timestamp());
@@ -614,13 +487,118 @@ BEGIN
     RETURN released;
 END $$;
 
-REVOKE ALL ON FUNCTION radix._doc_access_problems(oid, jsonb), radix._doc_write(oid, jsonb),
-    radix._doc_refusal(radix.cron_table), radix.doc_candidates(timestamptz, text, bigint[]),
-    radix.doc_next_due_in(timestamptz, text, bigint[]), radix.doc_start(text, bigint, text, timestamptz),
-    radix.doc_record(bigint, boolean, text, timestamptz), radix.doc_finish_state(text, bigint),
-    radix.doc_finish(text, bigint, bigint, text, timestamptz, integer, text, timestamptz),
-    radix.doc_release_inactive(text, bigint[], timestamptz) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION radix.document_problems(jsonb), radix.document_num(jsonb),
-    radix._apply_documents(name, jsonb, boolean), radix.apply_document(jsonb), radix.apply_documents(jsonb)
-    TO PUBLIC;
-GRANT SELECT ON radix.document_overview, radix.document_processes TO PUBLIC;
+-- What `caller` may not do with a structurally valid document: ownership of an existing document (the
+-- owner's privileges), RUN_AS (exists, may act as it, can log in) and its CSP service (granted).
+-- Returns (problem, is_permission) rows.
+CREATE OR REPLACE FUNCTION radix._doc_access_problems(caller oid, doc jsonb)
+RETURNS TABLE (problem text, permission boolean)
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+SET jit = off
+AS $$
+DECLARE
+    run_as text := coalesce(doc->'props'->>'RUN_AS', (SELECT rolname FROM pg_roles WHERE oid = caller));
+    principal pg_roles;
+    service text := doc->'props'->>'CSP_SERVICE';
+    owner oid := (SELECT owner_oid FROM radix.cron_table WHERE num = radix.document_num(doc));
+BEGIN
+    IF owner IS NOT NULL AND NOT coalesce((SELECT rolsuper FROM pg_roles WHERE oid = caller), false)
+       AND NOT (EXISTS (SELECT 1 FROM pg_roles WHERE oid = owner) AND pg_has_role(caller, owner, 'USAGE')) THEN
+        RETURN QUERY SELECT format('permission denied: document NUM %s belongs to another role; only a role '
+                                   'with its owner''s privileges may change it', radix.document_num(doc)), true;
+    END IF;
+    SELECT * INTO principal FROM pg_roles WHERE rolname = run_as;
+    IF NOT FOUND THEN
+        RETURN QUERY SELECT format('RUN_AS role %s does not exist', quote_literal(run_as)), false;
+        RETURN;
+    ELSIF NOT radix.may_act_as(caller, principal.oid) THEN
+        RETURN QUERY SELECT CASE WHEN principal.rolsuper
+            THEN format('permission denied to run as superuser %s: only superusers may', quote_ident(run_as))
+            ELSE format('permission denied to run as role %s: the writer must be able to SET ROLE to it',
+                        quote_ident(run_as)) END, true;
+    ELSIF NOT principal.rolcanlogin THEN
+        RETURN QUERY SELECT format('role %s cannot log in: tasks run on a connection logged in as RUN_AS '
+                                   '(ALTER ROLE %s LOGIN)', quote_ident(run_as), quote_ident(run_as)), false;
+    END IF;
+    IF service IS NOT NULL AND NOT radix._service_usable(service, caller, principal.oid) THEN
+        RETURN QUERY SELECT format('permission denied: CSP service %s is not available to RUN_AS role %s '
+                                   '(the operator grants services: radix.grant_service)',
+                                   quote_literal(service), quote_ident(run_as)), true;
+    END IF;
+END $$;
+
+-- What a role may see: the documents whose owner's privileges it has; all for superusers. The document
+-- views call this, so they follow.
+CREATE OR REPLACE FUNCTION radix._doc_visible(owner oid) RETURNS boolean
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+SET jit = off
+RETURN radix._owner_visible(owner);
+
+-- Why the task may not run now (NULL: it may): checked at every start (before any code runs) and finish.
+-- The service refusal names nothing: the document's owner knows what it named.
+CREATE OR REPLACE FUNCTION radix._doc_refusal(c radix.cron_table) RETURNS text
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+SET jit = off
+RETURN (SELECT CASE
+          WHEN r.oid IS NULL THEN 'RUN_AS role no longer exists'
+          WHEN NOT EXISTS (SELECT 1 FROM pg_roles WHERE oid = c.writer_oid)
+               OR NOT radix.may_act_as(c.writer_oid, c.principal_oid)
+               THEN 'permission denied: the document''s writer may no longer act as RUN_AS'
+          WHEN NOT r.rolcanlogin THEN format('role %s cannot log in', quote_ident(r.rolname))
+          WHEN c.props ? 'CSP_SERVICE'
+               AND NOT radix._service_usable(c.props->>'CSP_SERVICE', c.writer_oid, c.principal_oid)
+               THEN '[42501] permission denied: the CSP service is not granted to RUN_AS (redacted)'
+        END
+        FROM (SELECT 1) one LEFT JOIN pg_roles r ON r.oid = c.principal_oid);
+
+-- A document's props are bounded too (the scheduler reads them for every run). A trigger of this
+-- migration's own, so that the admission functions of 0004 stay as they are: the apply fails as a whole.
+CREATE OR REPLACE FUNCTION radix._bound_document_props() RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+SET jit = off
+AS $$
+DECLARE
+    size bigint := octet_length(NEW.props::text);
+BEGIN
+    IF size > radix.max_document_bytes() THEN
+        RAISE EXCEPTION 'document %: props are % bytes; the limit is %', NEW.num, size, radix.max_document_bytes()
+            USING ERRCODE = '54000';
+    END IF;
+    RETURN NEW;
+END $$;
+
+CREATE OR REPLACE TRIGGER cron_table_props_bound BEFORE INSERT OR UPDATE OF props ON radix.cron_table
+    FOR EACH ROW EXECUTE FUNCTION radix._bound_document_props();
+
+CREATE OR REPLACE FUNCTION radix._notify_document() RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+SET jit = off
+AS $$
+BEGIN
+    IF TG_OP = 'DELETE' THEN
+        PERFORM radix._hint('radix_documents', OLD.num);
+    ELSE
+        PERFORM radix._hint('radix_documents', NEW.num);
+    END IF;
+    RETURN NULL;
+END $$;
+
+CREATE OR REPLACE TRIGGER "trgCronTableChanged" AFTER INSERT OR UPDATE OR DELETE ON radix.cron_table
+    FOR EACH ROW EXECUTE FUNCTION radix._notify_document();
+
+CREATE OR REPLACE FUNCTION radix._notify_process() RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+SET jit = off
+AS $$
+BEGIN
+    PERFORM radix._hint('radix_documents', NEW.task_num);
+    RETURN NULL;
+END $$;
+
+CREATE OR REPLACE TRIGGER "trgProcessChanged" AFTER INSERT OR UPDATE OF status ON radix.sys_processes
+    FOR EACH ROW EXECUTE FUNCTION radix._notify_process();

@@ -1,38 +1,15 @@
--- 0016: a batch of ticks in one statement, its bookkeeping done once for all its ticks (issue #14;
--- engine/batches.py).
---
--- 0015 ran a batch as one statement per tick, each tick's radix.end_tick advancing its state and writing
--- its history row alone. Measured (bench/run.py tickcost --batch 8), end_tick was half of radix's server
--- time per tick, and the same writes made once for the whole batch (one UPDATE, one INSERT) cost less than
--- half as much. So a batch is now one statement, `SELECT … FROM radix.run_ticks(…)`:
---
---   for each tick: the role check and radix.start_tick (begin_tick's lock, checks and frame, its refusals
---   reported instead of raised), then the CALL (its DO block) in an exception block, its own
---   subtransaction: a failure rolls back that tick's CALL alone and is reported in its row;
---   then radix.end_ticks: the last started tick's frame deleted, every state that ran advanced by one
---   UPDATE (each fenced by its token's MAC, as end_tick's), their history rows by one INSERT, the prune and
---   the requests as end_tick's.
---
--- start_tick and end_ticks run in the batch's own transaction, outside the CALLs' subtransactions: a row
--- locked by a subtransaction and then updated by its parent gets a MultiXact to remember the lock (two per
--- tick in the first version of this migration, which ran begin_tick inside each tick's subtransaction).
--- Which ticks ran is known only to run_ticks (PL/pgSQL variables, out of the procedures' reach). end_ticks
--- checks each tick it is given as end_tick did: the state as start_tick found it (its token) and the MAC
--- of this backend's session. When any tick is no longer as it began (ALTER JOB meanwhile), it raises and
--- the whole batch rolls back: each tick then runs alone (engine/batches.py), as after a timeout. So does
--- any error of start_tick but its refusals. One statement means one statement_timeout for the batch: the
--- smallest of its ticks' timeouts, so no tick runs past its own (a tick starts after the statement did);
--- a batch cut short by it runs its ticks alone. run_tick (0015) stays for daemons of the version before.
+-- A batch of ticks: started, run and ended in one transaction of the principal's.
 
 -- start_tick: begin_tick's lock, checks and frame (0013), the same statements in the same order, with its
 -- refusals (RXT01: not this session's tick; 42501, 42883: refused) returned as `error_sqlstate` and
 -- `error_message` instead of raised; nothing is written then. Errors other than those still raise.
-CREATE FUNCTION radix.start_tick(job uuid, planned_ns bigint, mac text, OUT error_sqlstate text,
+CREATE OR REPLACE FUNCTION radix.start_tick(job uuid, planned_ns bigint, mac text, OUT error_sqlstate text,
                                  OUT error_message text)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 -- key lookups whatever the values: a custom plan per call would re-plan every statement of every tick
 SET plan_cache_mode = force_generic_plan
+SET jit = off
 AS $$
 DECLARE
     started timestamptz := (SELECT a.backend_start FROM pg_stat_get_activity(pg_backend_pid()) a);
@@ -108,23 +85,6 @@ BEGIN
         idempotency_key = excluded.idempotency_key, lease_token = excluded.lease_token;
 END $$;
 
-GRANT EXECUTE ON FUNCTION radix.start_tick(uuid, bigint, text) TO PUBLIC;
-
--- begin_tick (the lone tick's): start_tick, its refusal raised with its SQLSTATE (the daemon reads RXT01
--- from begin_tick as before: engine/attempt.py, begin_tick_refused).
-CREATE OR REPLACE FUNCTION radix.begin_tick(job uuid, planned_ns bigint, mac text) RETURNS void
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-    r record;
-BEGIN
-    SELECT * INTO r FROM radix.start_tick(job, planned_ns, mac);
-    IF r.error_sqlstate IS NOT NULL THEN
-        RAISE EXCEPTION USING ERRCODE = r.error_sqlstate, MESSAGE = r.error_message;
-    END IF;
-END $$;
-
 -- end_ticks: the end of a batch's ticks: `jobs`, with their ticks (`planned`), attempts (`attempts`: the
 -- state's attempt + 1, as radix.find_ticks gave them), MACs (as start_tick took them), following ticks
 -- (`nexts`, NULL: none) and whether each ran (`ran`: its CALL done in this transaction); `node` hex-encoded.
@@ -132,13 +92,14 @@ END $$;
 -- written then). The frame the last started tick left (start_tick writes it in the batch's transaction,
 -- so a tick whose CALL failed leaves it too) is deleted when its MAC is one of the batch's, as end_tick
 -- checks a frame's.
-CREATE FUNCTION radix.end_ticks(jobs uuid[], planned bigint[], attempts integer[], macs text[], nexts bigint[],
+CREATE OR REPLACE FUNCTION radix.end_ticks(jobs uuid[], planned bigint[], attempts integer[], macs text[], nexts bigint[],
                                 ran boolean[], node text)
 RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 -- key lookups whatever the values, as begin_tick and end_tick
 SET plan_cache_mode = force_generic_plan
+SET jit = off
 AS $$
 DECLARE
     ran_jobs uuid[] := ARRAY(SELECT u.job FROM unnest(jobs, ran) AS u(job, did) WHERE u.did);
@@ -211,40 +172,152 @@ BEGIN
     END IF;
 END $$;
 
-GRANT EXECUTE ON FUNCTION radix.end_ticks(uuid[], bigint[], integer[], text[], bigint[], boolean[], text)
-    TO PUBLIC;
+CREATE OR REPLACE FUNCTION radix.start_ticks(jobs uuid[], planned bigint[], macs text[])
+RETURNS TABLE (ordinal integer, error_sqlstate text, error_message text, frame text,
+               arguments jsonb)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET jit = off
+-- key lookups whatever the values (as start_tick and end_ticks)
+SET plan_cache_mode = force_generic_plan
+AS $$
+DECLARE
+    locked uuid[];
+    this_xact text;
+    found_at integer[];
+    refusals integer[];
+    signatures text[];
+    frames text[];
+    values_of jsonb[];
+    at integer;
+BEGIN
+    locked := ARRAY(SELECT t.job_id FROM radix.tick_locks t WHERE t.job_id = ANY (jobs) FOR UPDATE SKIP LOCKED);
+    this_xact := pg_current_xact_id()::text;
+    -- in a later statement than the locks, so that its snapshot is newer (as begin_tick, 0013)
+    WITH checked AS MATERIALIZED (
+        -- the identity, the owner's right and the procedure's privileges, once per principal, owner and
+        -- procedure of the batch (start_tick's checks, the same order)
+        SELECT d.principal_oid, d.owner_oid, d.procedure_oid, d.procedure_signature,
+               CASE
+                   WHEN (SELECT r.oid FROM pg_roles r WHERE r.rolname = session_user)
+                        IS DISTINCT FROM d.principal_oid THEN 1
+                   WHEN NOT coalesce((
+                       SELECT CASE WHEN a.rolsuper THEN true
+                                   WHEN t.rolsuper THEN false
+                                   WHEN d.owner_oid = d.principal_oid THEN true
+                                   WHEN current_setting('server_version_num')::integer >= 160000
+                                       THEN pg_has_role(d.owner_oid, d.principal_oid, 'SET')
+                                   ELSE pg_has_role(d.owner_oid, d.principal_oid, 'MEMBER') END
+                       FROM pg_roles a, pg_roles t WHERE a.oid = d.owner_oid AND t.oid = d.principal_oid), false)
+                       THEN 2
+                   WHEN p.oid IS NULL THEN 3
+                   WHEN NOT has_database_privilege(d.principal_oid, current_database(), 'CONNECT')
+                        OR NOT has_schema_privilege(d.principal_oid, p.pronamespace, 'USAGE')
+                        OR NOT has_function_privilege(d.principal_oid, p.oid, 'EXECUTE') THEN 4
+                   ELSE 0
+               END AS refused
+        FROM (SELECT DISTINCT jj.principal_oid, jj.owner_oid, jj.procedure_oid, jj.procedure_signature
+              FROM radix.jobs jj WHERE jj.job_id = ANY (locked)) d
+        LEFT JOIN pg_proc p ON p.oid = d.procedure_oid AND p.prokind = 'p'
+                           AND p.oid::regprocedure::text = d.procedure_signature
+    ), session AS MATERIALIZED (  -- once, not once per state row
+        SELECT k.secret, sha256(k.secret || int4send(pg_backend_pid()) || timestamptz_send(a.backend_start)) AS key
+        FROM radix.attempt_secret k, pg_stat_get_activity(pg_backend_pid()) a
+    )
+    SELECT array_agg(x.i), array_agg(x.refused), array_agg(x.signature), array_agg(x.frame),
+           array_agg(x.arguments)
+    INTO found_at, refusals, signatures, frames, values_of
+    FROM (
+        SELECT u.i::integer AS i, c.refused, j.procedure_signature AS signature, j.arguments,
+               f.text || '/' || radix._tick_frame_mac(this_xact || '/' || f.text) AS frame
+        FROM unnest(jobs, planned, macs) WITH ORDINALITY AS u(job, planned_ns, mac, i)
+        JOIN radix.radix_system_job_state s ON s.job_id = u.job
+        JOIN radix.jobs j ON j.job_id = s.job_id
+        JOIN checked c ON c.principal_oid = j.principal_oid AND c.owner_oid = j.owner_oid
+                      AND c.procedure_oid IS NOT DISTINCT FROM j.procedure_oid
+                      AND c.procedure_signature = j.procedure_signature
+        CROSS JOIN session x
+        CROSS JOIN LATERAL (SELECT u.job::text || '/' || (s.attempt + 1)::text || '/' || u.planned_ns::text AS text) f
+        -- `= ANY (locked)`: key probes whatever the plan (a generic plan does not know the batch is small)
+        WHERE s.job_id = ANY (locked) AND j.job_id = ANY (locked)
+          AND s.status IN ('scheduled', 'retry_wait') AND s.request_kind IS NULL
+          AND NOT s.via_lease AND s.due_ns <= radix.to_ns(clock_timestamp())
+          -- the MAC of radix._tick_token(job, planned, s.attempt, s.updated_at), inlined
+          AND encode(sha256(x.key || uuid_send(encode(substring(sha256(x.secret || uuid_send(u.job)
+                                                                       || int8send(u.planned_ns)
+                                                                       || int4send(s.attempt)
+                                                                       || timestamptz_send(s.updated_at))
+                                                                FROM 1 FOR 16), 'hex')::uuid)), 'hex') = u.mac
+        -- as start_tick: radix.claim_due (FOR UPDATE ... SKIP LOCKED) passes the rows by while the batch
+        -- runs, and ALTER JOB (a plain UPDATE) does not wait for them
+        FOR KEY SHARE OF s
+    ) x;
+    FOR i IN 1 .. cardinality(jobs) LOOP
+        ordinal := i;
+        error_sqlstate := NULL;
+        error_message := NULL;
+        frame := NULL;
+        arguments := NULL;
+        at := array_position(found_at, i);
+        IF NOT (jobs[i] = ANY (locked)) THEN
+            error_sqlstate := 'RXT01';
+            error_message := 'the tick is not this session''s to run: another session runs it';
+        ELSIF at IS NULL THEN
+            error_sqlstate := 'RXT01';
+            error_message := 'the tick is not this session''s to run: it ran, or changed since it was found';
+        ELSIF refusals[at] = 1 THEN
+            error_sqlstate := '42501';
+            error_message := 'permission denied: the attempt is not logged in as its principal';
+        ELSIF refusals[at] = 2 THEN
+            error_sqlstate := '42501';
+            error_message := 'permission denied: the job owner may no longer act as its principal';
+        ELSIF refusals[at] = 3 THEN
+            error_sqlstate := '42883';
+            error_message := format('procedure %s no longer exists', signatures[at]);
+        ELSIF refusals[at] = 4 THEN
+            error_sqlstate := '42501';
+            error_message := format('permission denied for procedure %s', signatures[at]);
+        ELSE
+            frame := frames[at];
+            arguments := values_of[at];
+        END IF;
+        RETURN NEXT;
+    END LOOP;
+END $$;
 
--- run_ticks: a batch, one row per tick in order: `failed_at` NULL when the tick ran (its marker written by
--- end_ticks at the end of this statement), else the step that failed ('begin': nothing ran, e.g. RXT01 or
--- RXT02; 'call': the procedure failed, and its subtransaction rolled back) with the error's SQLSTATE and
--- message. query_canceled (the statement timeout, a cancel) is not caught: it aborts the whole batch, and
--- so does a failure of end_ticks. SECURITY INVOKER and without SET clauses, as run_tick: the CALLs run as
--- the principal with its own settings, so every name and operator below is qualified. A role switched by
--- an earlier tick (SET LOCAL ROLE) is not run: RXT02, and the daemon runs that tick alone afterwards.
-CREATE FUNCTION radix.run_ticks(jobs uuid[], planned bigint[], attempts integer[], macs text[], calls text[],
-                                nexts bigint[], node text)
+-- run_ticks: as 0017, each CALL run with its tick's arguments as $1 (EXECUTE … USING).
+CREATE OR REPLACE FUNCTION radix.run_ticks(jobs uuid[], planned bigint[], attempts integer[], macs text[],
+                                           calls text[], nexts bigint[], node text)
 RETURNS TABLE (failed_at text, error_sqlstate text, error_message text)
 LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
     ran boolean[] := '{}';
+    refused text[];
+    messages text[];
+    frames text[];
+    values_of jsonb[];
 BEGIN
+    SELECT pg_catalog.array_agg(r.error_sqlstate ORDER BY r.ordinal),
+           pg_catalog.array_agg(r.error_message ORDER BY r.ordinal),
+           pg_catalog.array_agg(r.frame ORDER BY r.ordinal),
+           pg_catalog.array_agg(r.arguments ORDER BY r.ordinal)
+    INTO refused, messages, frames, values_of
+    FROM radix.start_ticks(jobs, planned, macs) r;
     FOR i IN 1 .. pg_catalog.cardinality(jobs) LOOP
         failed_at := NULL;
-        error_sqlstate := NULL;
-        error_message := NULL;
+        error_sqlstate := refused[i];
+        error_message := messages[i];
         IF CURRENT_USER OPERATOR(pg_catalog.<>) SESSION_USER THEN
             error_sqlstate := 'RXT02';
             error_message := 'the tick is not run here: the session''s role changed';
-        ELSE
-            SELECT r.error_sqlstate, r.error_message INTO error_sqlstate, error_message
-            FROM radix.start_tick(jobs[i], planned[i], macs[i]) r;
         END IF;
         IF error_sqlstate IS NOT NULL THEN
             failed_at := 'begin';
         ELSE
+            PERFORM pg_catalog.set_config('radix.tick', COALESCE(frames[i], ''::pg_catalog.text), true);
             BEGIN
-                EXECUTE calls[i];
+                EXECUTE calls[i] USING values_of[i];
             EXCEPTION WHEN OTHERS THEN
                 failed_at := 'call';
                 GET STACKED DIAGNOSTICS error_sqlstate = RETURNED_SQLSTATE, error_message = MESSAGE_TEXT;
@@ -253,7 +326,6 @@ BEGIN
         ran := pg_catalog.array_append(ran, failed_at IS NULL);
         RETURN NEXT;
     END LOOP;
+    PERFORM pg_catalog.set_config('radix.tick', '', true);
     PERFORM radix.end_ticks(jobs, planned, attempts, macs, nexts, ran, node);
 END $$;
-
-GRANT EXECUTE ON FUNCTION radix.run_ticks(uuid[], bigint[], integer[], text[], text[], bigint[], text) TO PUBLIC;

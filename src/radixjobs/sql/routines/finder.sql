@@ -1,28 +1,87 @@
--- 0022: reserved slots. Long attempts never hold every slot of a database on a node, and a free slot goes
--- first to the principal this node served least recently among those with the fewest running.
---
--- An attempt is long when its job's timeout (radix.jobs.deadline_ms, WITH (timeout = ...)) is above the
--- engine's threshold (`long_ms`, serve --long-attempt). Each engine keeps some of its slots (serve
--- --reserved-slots) for attempts that are not long; those end within the threshold (plus the grace after
--- which the engine terminates them), so the reserved slots turn over at least that often, whatever a
--- tenant declares or traps. The engine counts its own long attempts (per node: each node keeps its own
--- reserve) and tells the claim how many more it may take (`max_long`). See docs/security.md "Fair claims".
---
--- Ties among the principals with the fewest running went to the oldest due tick, which a tenant sets (a job
--- may be due in 1970): a tenant principal whose only attempt had just ended beat, at every turnover, a
--- victim with as few running. They now go first to the principal this node started an attempt for least
--- recently (`served`, most recent last, from the engine's memory; one never served first), then to the
--- oldest due tick: a principal is served again only after every other one with as few running was.
---
--- Changed here: radix._claim_shares (the deal: `served`), radix.claim_due (`long_ms`, `max_long`,
--- `served`), radix.next_due_in (`long_ms`: the ticks a claim limited to short attempts could take), and
--- radix.find_ticks (each tick's deadline_ms, so the engine knows a long tick without its definition).
+-- The finder: which ticks are due, and the fair share of slots each principal gets.
 
-DROP FUNCTION radix._claim_shares(oid[], integer[], bigint[], integer, integer);
+CREATE OR REPLACE FUNCTION radix._principal_load()
+RETURNS TABLE (principal oid, first_due_ns bigint, running integer)
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+SET jit = off
+AS $$
+BEGIN
+    RETURN QUERY
+    WITH RECURSIVE keys(p) AS (
+        (SELECT s.principal_oid FROM radix.radix_system_job_state s
+         WHERE s.status IN ('scheduled', 'running', 'retry_wait')
+         ORDER BY s.principal_oid LIMIT 1)
+        UNION ALL
+        SELECT (SELECT s.principal_oid FROM radix.radix_system_job_state s
+                WHERE s.status IN ('scheduled', 'running', 'retry_wait') AND s.principal_oid > k.p
+                ORDER BY s.principal_oid LIMIT 1)
+        FROM keys k WHERE k.p IS NOT NULL
+    ), busy AS (
+        SELECT s.principal_oid AS p, count(*)::integer AS n
+        FROM radix.radix_system_job_state s WHERE s.status = 'running' GROUP BY s.principal_oid
+    )
+    SELECT k.p,
+           (SELECT s.due_ns FROM radix.radix_system_job_state s
+            WHERE s.status IN ('scheduled', 'running', 'retry_wait') AND s.principal_oid = k.p
+            ORDER BY s.due_ns LIMIT 1),
+           coalesce(b.n, 0)
+    FROM keys k LEFT JOIN busy b ON b.p = k.p
+    WHERE k.p IS NOT NULL;
+END $$;
+
+CREATE OR REPLACE FUNCTION radix._running_elsewhere(node text, mine integer[])
+RETURNS TABLE (principal oid, running integer)
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+SET jit = off
+AS $$
+BEGIN
+    RETURN QUERY
+    SELECT x.p, sum(x.n)::integer FROM (
+        SELECT s.principal_oid AS p, count(*) AS n
+        FROM radix.radix_system_job_state s WHERE s.status = 'running' AND s.lease_node <> node
+        GROUP BY s.principal_oid
+        UNION ALL
+        SELECT a.usesysid, count(*)
+        FROM pg_stat_get_activity(NULL) a
+        WHERE a.datid = (SELECT d.oid FROM pg_database d WHERE d.datname = current_database())
+          AND a.application_name = 'radixjobs-attempt' AND a.state IN ('active', 'idle in transaction')
+          AND a.pid <> ALL (coalesce(mine, '{}'))
+          AND NOT EXISTS (SELECT 1 FROM radix.attempt_frames f WHERE f.pid = a.pid)
+        GROUP BY a.usesysid) x
+    GROUP BY x.p;
+END $$;
+
+CREATE OR REPLACE FUNCTION radix.lease_work_due(node text) RETURNS boolean
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+SET jit = off
+AS $$
+BEGIN
+    RETURN coalesce((SELECT min(s.due_ns) FROM radix.radix_system_job_state s
+                     WHERE s.status IN ('scheduled', 'running', 'retry_wait')
+                       AND (s.via_lease OR s.request_kind IS NOT NULL OR s.status = 'running'))
+                    <= radix.to_ns(clock_timestamp()), false)
+        OR EXISTS (SELECT 1 FROM radix.radix_system_job_state s
+                   WHERE s.status = 'running' AND s.lease_node <> node AND NOT radix.node_alive(s.lease_node));
+END $$;
+
+CREATE OR REPLACE FUNCTION radix.job_has_live_frame(job uuid) RETURNS boolean
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+SET jit = off
+AS $$
+BEGIN
+    RETURN EXISTS (SELECT 1 FROM radix.attempt_frames f
+                   WHERE f.job_id = job_has_live_frame.job AND EXISTS (
+                       SELECT 1 FROM pg_stat_get_activity(f.pid) a WHERE a.backend_start = f.backend_start));
+END $$;
+
 -- The round-robin of one claim: `budget` slots dealt one at a time, each to the principal with the fewest
 -- running attempts (`running`, plus what this deal gave it), ties first to the principal found latest in
 -- `served` (absent: first), then by its earliest due tick; never past `cap` (NULL: no cap).
-CREATE FUNCTION radix._claim_shares(principals oid[], running integer[], first_due bigint[],
+CREATE OR REPLACE FUNCTION radix._claim_shares(principals oid[], running integer[], first_due bigint[],
                                     budget integer, cap integer, served oid[] DEFAULT NULL)
 RETURNS TABLE (principal oid, share integer)
 LANGUAGE plpgsql IMMUTABLE
@@ -41,13 +100,12 @@ BEGIN
     GROUP BY x.p;
 END $$;
 
-DROP FUNCTION radix.next_due_in(integer);
 -- Seconds until the earliest tick a claim with this cap could take (<= 0: now), or NULL when there is none:
 -- a principal at its cap has nothing due until one of its attempts ends. With `long_ms`, only ticks of
 -- jobs whose timeout is at most that count, looked for among each principal's first 16 live ticks (one
 -- whose first 16 are all long waits for an attempt to end, a notification or the poll). While nothing is
 -- due it is one probe of radix_system_job_state_due.
-CREATE FUNCTION radix.next_due_in(max_per_principal integer, long_ms integer DEFAULT NULL) RETURNS float8
+CREATE OR REPLACE FUNCTION radix.next_due_in(max_per_principal integer, long_ms integer DEFAULT NULL) RETURNS float8
 LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
 SET jit = off
@@ -78,14 +136,7 @@ BEGIN
             WHERE cap IS NULL OR l.running < cap);
 END $$;
 
--- As 0013 (with 0018's jit), and:
--- - `long_ms`, `max_long`: at most `max_long` of the claimed attempts are long (their job's timeout is
---   above `long_ms`); once that many are taken, each principal's scan passes its long ticks by and takes
---   its short ones. A round of the deal may take a few more long ones than were left (one scan per
---   principal); those then kept go by the deal's own order, the others stay due. NULL: no limit.
--- - `served`: the deal's tie-break (radix._claim_shares).
-DROP FUNCTION radix.claim_due(text, integer, boolean, integer, integer, boolean);
-CREATE FUNCTION radix.claim_due(node text, max_claims integer, with_cron boolean DEFAULT true,
+CREATE OR REPLACE FUNCTION radix.claim_due(node text, max_claims integer, with_cron boolean DEFAULT true,
                                 max_per_principal integer DEFAULT NULL, lease_seconds integer DEFAULT 300,
                                 leave_ticks boolean DEFAULT false, long_ms integer DEFAULT NULL,
                                 max_long integer DEFAULT NULL, served oid[] DEFAULT NULL)
@@ -317,10 +368,7 @@ BEGIN
         OFFSET (SELECT j.history_limit FROM radix.jobs j WHERE j.job_id = p.job_id) LIMIT 1);
 END $$;
 
--- As 0020, and each tick's job's timeout (deadline_ms): the engine keeps long ticks out of its reserved
--- slots by it, whether or not it holds the job's definition.
-DROP FUNCTION radix.find_ticks(text, integer, integer, uuid[], integer[]);
-CREATE FUNCTION radix.find_ticks(node text, max_ticks integer, horizon_ms integer, skip uuid[], mine integer[])
+CREATE OR REPLACE FUNCTION radix.find_ticks(node text, max_ticks integer, horizon_ms integer, skip uuid[], mine integer[])
 RETURNS TABLE (job_id uuid, definition_version bigint, planned_ns bigint, attempt integer, coalesced bigint,
                anchor_ns bigint, due_in_ms float8, token uuid, principal oid, elsewhere integer,
                deadline_ms integer)
@@ -410,8 +458,3 @@ BEGIN
     FROM decided d CROSS JOIN radix.attempt_secret k
     ORDER BY d.due_ns;
 END $$;
-
-REVOKE ALL ON FUNCTION radix._claim_shares(oid[], integer[], bigint[], integer, integer, oid[]),
-    radix.next_due_in(integer, integer),
-    radix.claim_due(text, integer, boolean, integer, integer, boolean, integer, integer, oid[]),
-    radix.find_ticks(text, integer, integer, uuid[], integer[]) FROM PUBLIC;

@@ -1,0 +1,170 @@
+-- A lease attempt: begun and ended on the principal's session, renewed by the node.
+
+-- Extend the leases `node` holds for the attempts it is running (their tokens) to `lease_seconds` from
+-- now; returns the tokens still held. A token missing from the result is a lost lease (ALTER JOB, DROP
+-- JOB CASCADE, or another node took the claim): the engine cancels that attempt. Nothing is renewed
+-- while the node is not alive (its control session gone): other nodes may then take its claims.
+-- A row locked by a writer (an attempt finalising, a claimer) is skipped, never waited for: it counts as
+-- held (as this statement's snapshot sees it) and is renewed next time if it still is. FOR NO KEY UPDATE
+-- does not conflict with the KEY SHARE lock a running atomic attempt holds.
+CREATE OR REPLACE FUNCTION radix.renew_leases(node text, tokens uuid[], lease_seconds integer)
+RETURNS SETOF uuid
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+SET jit = off
+AS $$
+DECLARE
+    until timestamptz := clock_timestamp() + make_interval(secs => greatest(coalesce(lease_seconds, 300), 1));
+BEGIN
+    IF NOT radix.node_alive(node) THEN
+        RETURN;
+    END IF;
+    RETURN QUERY
+    WITH free AS (
+        SELECT s.job_id FROM radix.radix_system_job_state s
+        WHERE s.lease_token = ANY (tokens) AND s.lease_node = node AND s.status = 'running'
+        FOR NO KEY UPDATE SKIP LOCKED
+    ), renewed AS (
+        UPDATE radix.radix_system_job_state s SET lease_expires_at = until, due_ns = radix.to_ns(until)
+        FROM free f WHERE s.job_id = f.job_id
+        RETURNING 1
+    )
+    SELECT s.lease_token FROM radix.radix_system_job_state s
+    WHERE s.lease_token = ANY (tokens) AND s.lease_node = node AND s.status = 'running';
+END $$;
+
+-- As 0003's begin_attempt, keyed by the MAC: the claim, the identity and the privileges, then the frame.
+-- The KEY SHARE lock on the state row is held until the attempt's transaction ends (the fence, see 0003).
+CREATE OR REPLACE FUNCTION radix.begin_atomic(job uuid, mac text) RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET jit = off
+AS $$
+DECLARE
+    -- one read of this backend's status (it copies every backend's entry): the MAC and the frame share it
+    started timestamptz := (SELECT a.backend_start FROM pg_stat_get_activity(pg_backend_pid()) a);
+    c record;
+BEGIN
+    -- refused: 0 ok; 1 not logged in as the principal; 2 the owner may no longer act as it (the rule of
+    -- radix.may_act_as, inlined); 3 the procedure is gone (or renamed); 4 no privilege to run it
+    SELECT s.attempt, s.planned_ns, s.idempotency_key, s.lease_token, j.procedure_signature,
+           CASE
+               WHEN (SELECT r.oid FROM pg_roles r WHERE r.rolname = session_user)
+                    IS DISTINCT FROM j.principal_oid THEN 1
+               WHEN NOT coalesce((
+                   SELECT CASE WHEN a.rolsuper THEN true
+                               WHEN t.rolsuper THEN false
+                               WHEN j.owner_oid = j.principal_oid THEN true
+                               WHEN current_setting('server_version_num')::integer >= 160000
+                                   THEN pg_has_role(j.owner_oid, j.principal_oid, 'SET')
+                               ELSE pg_has_role(j.owner_oid, j.principal_oid, 'MEMBER') END
+                   FROM pg_roles a, pg_roles t WHERE a.oid = j.owner_oid AND t.oid = j.principal_oid), false)
+                   THEN 2
+               WHEN p.oid IS NULL THEN 3
+               WHEN NOT has_database_privilege(j.principal_oid, current_database(), 'CONNECT')
+                    OR NOT has_schema_privilege(j.principal_oid, p.pronamespace, 'USAGE')
+                    OR NOT has_function_privilege(j.principal_oid, p.oid, 'EXECUTE') THEN 4
+               ELSE 0
+           END AS refused
+    INTO c
+    FROM radix.radix_system_job_state s
+    JOIN radix.jobs j ON j.job_id = s.job_id
+    LEFT JOIN pg_proc p ON p.oid = j.procedure_oid AND p.prokind = 'p'
+                       AND p.oid::regprocedure::text = j.procedure_signature
+    CROSS JOIN radix.attempt_secret k
+    WHERE s.job_id = job AND s.status = 'running'
+      -- radix._attempt_mac(s.lease_token), inlined
+      AND encode(sha256(sha256(k.secret || int4send(pg_backend_pid()) || timestamptz_send(started))
+                        || uuid_send(s.lease_token)), 'hex') = mac
+    FOR KEY SHARE OF s;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'the claim of this attempt is no longer held' USING ERRCODE = 'RXL01';
+    ELSIF c.refused = 1 THEN
+        RAISE EXCEPTION 'permission denied: the attempt is not logged in as its principal'
+            USING ERRCODE = '42501';
+    ELSIF c.refused = 2 THEN
+        RAISE EXCEPTION 'permission denied: the job owner may no longer act as its principal'
+            USING ERRCODE = '42501';
+    ELSIF c.refused = 3 THEN
+        RAISE EXCEPTION 'procedure % no longer exists', c.procedure_signature USING ERRCODE = '42883';
+    ELSIF c.refused = 4 THEN
+        RAISE EXCEPTION 'permission denied for procedure %', c.procedure_signature USING ERRCODE = '42501';
+    END IF;
+    INSERT INTO radix.attempt_frames AS f
+        (pid, backend_start, job_id, attempt, planned_ns, idempotency_key, lease_token)
+    VALUES (pg_backend_pid(), started, job, c.attempt, c.planned_ns, c.idempotency_key, c.lease_token)
+    ON CONFLICT (pid) DO UPDATE SET backend_start = excluded.backend_start, job_id = excluded.job_id,
+        attempt = excluded.attempt, planned_ns = excluded.planned_ns,
+        idempotency_key = excluded.idempotency_key, lease_token = excluded.lease_token;
+END $$;
+
+-- As 0003's end_attempt (atomic, with 0011's requests), keyed by the MAC: the frame closed and the tick
+-- marked succeeded in the attempt's own transaction, fenced by the lease token the frame holds.
+CREATE OR REPLACE FUNCTION radix.end_atomic(job uuid, mac text, next_planned_ns bigint) RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET jit = off
+AS $$
+DECLARE
+    f record;
+BEGIN
+    -- the frame begin_atomic wrote on this backend holds its backend_start: the MAC without pg_stat
+    DELETE FROM radix.attempt_frames d WHERE d.pid = pg_backend_pid() AND d.job_id = job
+    RETURNING d.planned_ns, d.attempt, d.lease_token,
+              (SELECT encode(sha256(sha256(k.secret || int4send(d.pid) || timestamptz_send(d.backend_start))
+                                    || uuid_send(d.lease_token)), 'hex') FROM radix.attempt_secret k) AS mac
+    INTO f;
+    IF NOT FOUND OR f.mac IS DISTINCT FROM mac THEN
+        RAISE EXCEPTION 'the frame of this attempt is gone' USING ERRCODE = 'RXL01';
+    END IF;
+    -- a scheduled tick: what radix._advance(job, token, next_planned_ns, true, NULL) writes, in one UPDATE
+    UPDATE radix.radix_system_job_state s SET
+        status = CASE WHEN j.schedule_kind = 'at' OR next_planned_ns IS NULL THEN 'complete' ELSE 'scheduled' END,
+        planned_ns = CASE WHEN j.schedule_kind = 'at' OR next_planned_ns IS NULL THEN s.planned_ns
+                          ELSE next_planned_ns END,
+        due_ns = CASE WHEN j.schedule_kind = 'at' OR next_planned_ns IS NULL THEN NULL ELSE next_planned_ns END,
+        attempt = CASE WHEN j.schedule_kind = 'at' OR next_planned_ns IS NULL THEN s.attempt ELSE 0 END,
+        idempotency_key = CASE WHEN j.schedule_kind = 'at' OR next_planned_ns IS NULL THEN s.idempotency_key END,
+        lease_node = NULL, lease_token = NULL, lease_expires_at = NULL, last_error = NULL,
+        updated_at = clock_timestamp()
+    FROM radix.jobs j
+    WHERE s.job_id = job AND s.lease_token = f.lease_token AND s.status = 'running' AND s.request_kind IS NULL
+      AND j.job_id = s.job_id;
+    IF FOUND THEN
+        IF EXISTS (SELECT 1 FROM radix.job_requests q WHERE q.job_id = job) THEN
+            PERFORM radix._promote_request(job);
+        END IF;
+    ELSIF NOT radix._advance(job, f.lease_token, next_planned_ns, true, NULL) THEN  -- a request's, or fenced
+        RAISE EXCEPTION 'the claim of this attempt is no longer held' USING ERRCODE = 'RXL01';
+    END IF;
+    UPDATE radix.radix_system_job_history
+    SET status = 'succeeded', atomic = true, finished_at = clock_timestamp()
+    WHERE job_id = job AND planned_ns = f.planned_ns AND attempt = f.attempt AND status = 'running';
+END $$;
+
+-- The token-keyed pair (bound parameters: the non-atomic path) is the MAC-keyed one.
+CREATE OR REPLACE FUNCTION radix.begin_attempt(job uuid, token uuid) RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET jit = off
+AS $$
+BEGIN
+    PERFORM radix.begin_atomic(job, radix._attempt_mac(token));
+END $$;
+
+CREATE OR REPLACE FUNCTION radix.end_attempt(job uuid, token uuid, next_planned_ns bigint, atomic boolean)
+RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET jit = off
+AS $$
+BEGIN
+    IF atomic THEN
+        PERFORM radix.end_atomic(job, radix._attempt_mac(token), next_planned_ns);
+        RETURN;
+    END IF;
+    DELETE FROM radix.attempt_frames WHERE pid = pg_backend_pid() AND job_id = job AND lease_token = token;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'the frame of this attempt is gone' USING ERRCODE = 'RXL01';
+    END IF;
+END $$;

@@ -1,0 +1,130 @@
+-- Outcomes: the state advance, the history row and its pruning.
+
+-- As 0003, and a request's tick ends by putting the stashed regular state back (a backfill tick that
+-- succeeded is recorded in radix.backfill_done first); then the next queued request, if any, is installed.
+CREATE OR REPLACE FUNCTION radix._advance(job uuid, token uuid, next_planned_ns bigint, succeeded boolean,
+                                          error jsonb) RETURNS boolean
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+SET jit = off
+AS $$
+DECLARE
+    kind text := (SELECT schedule_kind FROM radix.jobs WHERE job_id = job);
+    s radix.radix_system_job_state;
+BEGIN
+    SELECT * INTO s FROM radix.radix_system_job_state
+    WHERE job_id = job AND lease_token = token AND status = 'running';
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    IF s.request_kind IS NOT NULL THEN
+        IF succeeded AND s.request_kind = 'backfill' THEN
+            INSERT INTO radix.backfill_done (job_id, planned_ns) VALUES (job, s.planned_ns) ON CONFLICT DO NOTHING;
+        END IF;
+        UPDATE radix.radix_system_job_state SET
+            status = s.stash->>'status', planned_ns = (s.stash->>'planned_ns')::bigint,
+            due_ns = (s.stash->>'due_ns')::bigint, attempt = (s.stash->>'attempt')::integer,
+            idempotency_key = s.stash->>'idempotency_key',
+            last_error = CASE WHEN succeeded THEN s.stash->'last_error' ELSE coalesce(error, s.last_error) END,
+            request_kind = NULL, stash = NULL,
+            lease_node = NULL, lease_token = NULL, lease_expires_at = NULL, updated_at = clock_timestamp()
+        WHERE job_id = job AND lease_token = token AND status = 'running';
+    ELSE
+        UPDATE radix.radix_system_job_state SET
+            status = CASE WHEN kind = 'at' OR next_planned_ns IS NULL
+                          THEN CASE WHEN succeeded THEN 'complete' ELSE 'failed' END
+                          ELSE 'scheduled' END,
+            planned_ns = CASE WHEN kind = 'at' OR next_planned_ns IS NULL THEN planned_ns ELSE next_planned_ns END,
+            due_ns = CASE WHEN kind = 'at' OR next_planned_ns IS NULL THEN NULL ELSE next_planned_ns END,
+            attempt = CASE WHEN kind = 'at' OR next_planned_ns IS NULL THEN attempt ELSE 0 END,
+            idempotency_key = CASE WHEN kind = 'at' OR next_planned_ns IS NULL THEN idempotency_key END,
+            lease_node = NULL, lease_token = NULL, lease_expires_at = NULL,
+            last_error = coalesce(error, CASE WHEN succeeded THEN NULL ELSE last_error END),
+            updated_at = clock_timestamp()
+        WHERE job_id = job AND lease_token = token AND status = 'running';
+    END IF;
+    IF NOT FOUND THEN  -- re-armed or taken over since the read above (the token is the fence)
+        RETURN false;
+    END IF;
+    PERFORM radix._promote_request(job);
+    RETURN true;
+END $$;
+
+-- As 0003, and an attempt whose lease was lost by a re-arm (its token is the fence) clears the fence when
+-- its node reports it ended, so the job's next attempt may start.
+CREATE OR REPLACE FUNCTION radix.finish_attempt(job uuid, token uuid, outcome text, error jsonb,
+                                                retry_delay_ns bigint, next_planned_ns bigint,
+                                                atomic boolean, mark_non_atomic boolean)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+SET jit = off
+AS $$
+DECLARE
+    s radix.radix_system_job_state;
+    ok boolean;
+BEGIN
+    SELECT * INTO s FROM radix.radix_system_job_state
+    WHERE job_id = job AND lease_token = token AND status = 'running' FOR UPDATE;
+    IF NOT FOUND THEN
+        UPDATE radix.radix_system_job_state SET fence_node = NULL, fence_token = NULL
+        WHERE job_id = job AND fence_token = token;
+        IF FOUND THEN
+            PERFORM radix._hint('radix_jobs', job::text);
+        END IF;
+        RETURN false;
+    END IF;
+    IF outcome = 'retrying' THEN
+        UPDATE radix.radix_system_job_state SET status = 'retry_wait',
+            due_ns = radix.to_ns(clock_timestamp()) + retry_delay_ns,
+            lease_node = NULL, lease_token = NULL, lease_expires_at = NULL, last_error = error,
+            updated_at = clock_timestamp()
+        WHERE job_id = job;
+    ELSE
+        ok := radix._advance(job, token, next_planned_ns, outcome = 'succeeded', error);
+    END IF;
+    UPDATE radix.radix_system_job_history SET status = outcome, error = finish_attempt.error,
+        finished_at = clock_timestamp(), atomic = finish_attempt.atomic
+    WHERE job_id = job AND planned_ns = s.planned_ns AND attempt = s.attempt AND status = 'running';
+    IF mark_non_atomic THEN
+        UPDATE radix.jobs SET non_atomic = true WHERE job_id = job AND NOT non_atomic;
+    END IF;
+    DELETE FROM radix.attempt_frames WHERE job_id = job AND lease_token = token;
+    RETURN true;
+END $$;
+
+-- An attempt of a tick that could neither commit nor be recorded as a lease: its tick changed under it
+-- (ALTER JOB re-armed the job, and the daemon ended it) or another node took the tick after it rolled back.
+-- Its history row says so, as the lease path's 'lease_lost' does, with the attempt's own start and end (as
+-- the daemon saw them) and the SQLSTATE it ended with; the tick itself is the state's business.
+CREATE OR REPLACE FUNCTION radix.record_lost_tick(node text, job uuid, tick_ns bigint, attempt integer, started_at timestamptz,
+                                       finished_at timestamptz, sqlstate text)
+RETURNS void
+LANGUAGE sql VOLATILE
+SET search_path = pg_catalog, pg_temp
+SET jit = off
+AS $$
+    INSERT INTO radix.radix_system_job_history
+        (job_id, definition_version, planned_ns, attempt, idempotency_key, status, node, run_kind, atomic,
+         started_at, finished_at, error)
+    SELECT j.job_id, j.definition_version, tick_ns, attempt, job::text || '/' || tick_ns::text, 'lease_lost', node,
+           'schedule', true, least(started_at, clock_timestamp()), least(finished_at, clock_timestamp()),
+           jsonb_build_object('error', 'PL_JOB_ATTEMPT_FAILED', 'kind', 'lease_lost', 'category', 'connection',
+                              'detail', jsonb_build_object('reason', 'tick changed or taken over',
+                                                           'sqlstate', sqlstate))
+    FROM radix.jobs j WHERE j.job_id = job;
+    SELECT radix._prune_history(job);
+$$;
+
+CREATE OR REPLACE FUNCTION radix._prune_history(job uuid) RETURNS void
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+SET jit = off
+AS $$
+BEGIN
+    DELETE FROM radix.radix_system_job_history h
+    WHERE h.job_id = _prune_history.job AND h.history_id <= (
+        SELECT o.history_id FROM radix.radix_system_job_history o WHERE o.job_id = _prune_history.job
+        ORDER BY o.history_id DESC
+        OFFSET (SELECT j.history_limit FROM radix.jobs j WHERE j.job_id = _prune_history.job) LIMIT 1);
+END $$;
