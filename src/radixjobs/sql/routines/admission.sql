@@ -344,7 +344,8 @@ BEGIN
     RETURN pg_catalog.round(ms)::integer;
 END $$;
 
--- As 0002, and an EVERY interval of less than one second is refused.
+-- The schedule as stored: EVERY (an interval of one second or more, with an optional STARTING AT), AT, or
+-- CRON with its time zone; anything else is refused.
 CREATE OR REPLACE FUNCTION radix._normalise_schedule(s jsonb) RETURNS jsonb
 LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
@@ -407,7 +408,8 @@ EXCEPTION
         RAISE EXCEPTION 'invalid schedule: %', SQLERRM USING ERRCODE = SQLSTATE;
 END $$;
 
--- As 0006, and then every input parameter with a default that was not given is bound to its default's
+-- The job's arguments bound to the procedure's parameters: each given constant converted to its parameter's
+-- type and checked (radix._check_binding), then every input parameter with a default that was not given is bound to its default's
 -- value, evaluated now (the creator's rights, this function's search_path, which also deparses it) and
 -- converted to the parameter's type like a given constant. It is passed by position when every earlier
 -- parameter is, else by name; an unnamed parameter that can be neither is refused. VARIADIC and

@@ -1,6 +1,6 @@
 -- A batch of ticks: started, run and ended in one transaction of the principal's.
 
--- start_tick: begin_tick's lock, checks and frame (0013), the same statements in the same order, with its
+-- start_tick: begin_tick's lock, checks and frame, the same statements in the same order, with its
 -- refusals (RXT01: not this session's tick; 42501, 42883: refused) returned as `error_sqlstate` and
 -- `error_message` instead of raised; nothing is written then. Errors other than those still raise.
 CREATE OR REPLACE FUNCTION radix.start_tick(job uuid, planned_ns bigint, mac text, OUT error_sqlstate text,
@@ -193,7 +193,7 @@ DECLARE
 BEGIN
     locked := ARRAY(SELECT t.job_id FROM radix.tick_locks t WHERE t.job_id = ANY (jobs) FOR UPDATE SKIP LOCKED);
     this_xact := pg_current_xact_id()::text;
-    -- in a later statement than the locks, so that its snapshot is newer (as begin_tick, 0013)
+    -- in a later statement than the locks, so that its snapshot is newer (as begin_tick)
     WITH checked AS MATERIALIZED (
         -- the identity, the owner's right and the procedure's privileges, once per principal, owner and
         -- procedure of the batch (start_tick's checks, the same order)
@@ -285,7 +285,8 @@ BEGIN
     END LOOP;
 END $$;
 
--- run_ticks: as 0017, each CALL run with its tick's arguments as $1 (EXECUTE … USING).
+-- run_ticks: the batch's CALLs, in one statement of the principal's transaction, each in its own
+-- subtransaction and run with its tick's arguments as $1 (EXECUTE … USING), never in the query text.
 CREATE OR REPLACE FUNCTION radix.run_ticks(jobs uuid[], planned bigint[], attempts integer[], macs text[],
                                            calls text[], nexts bigint[], node text)
 RETURNS TABLE (failed_at text, error_sqlstate text, error_message text)

@@ -227,7 +227,8 @@ BEGIN
     RETURN jsonb_build_object('num', key, 'action', 'updated', 'version', old.version + 1, 'ignored', ignored);
 END $$;
 
--- Every key is locked on radix.name_locks (was: advisory locks any role could hold), with bounded waits.
+-- Apply documents as `creator`: every NUM is locked on radix.name_locks (a row no ordinary role can lock),
+-- with bounded waits; the documents are checked and written all or none.
 CREATE OR REPLACE FUNCTION radix._apply_documents(creator name, docs jsonb, single boolean) RETURNS jsonb
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -553,8 +554,8 @@ RETURN (SELECT CASE
         END
         FROM (SELECT 1) one LEFT JOIN pg_roles r ON r.oid = c.principal_oid);
 
--- A document's props are bounded too (the scheduler reads them for every run). A trigger of this
--- migration's own, so that the admission functions of 0004 stay as they are: the apply fails as a whole.
+-- A document's props are bounded (the scheduler reads them for every run): a trigger, so that every write
+-- is checked whatever wrote it; the apply fails as a whole.
 CREATE OR REPLACE FUNCTION radix._bound_document_props() RETURNS trigger
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp

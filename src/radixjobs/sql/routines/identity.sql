@@ -47,7 +47,8 @@ CREATE OR REPLACE TRIGGER job_principal_changed AFTER UPDATE OF principal_oid ON
     FOR EACH ROW WHEN (OLD.principal_oid IS DISTINCT FROM NEW.principal_oid)
     EXECUTE FUNCTION radix._job_principal_changed();
 
--- The name is serialised on radix.name_locks (was: an advisory lock any role could hold).
+-- Admission's checks of who may create the job and run it as whom. The name is serialised on
+-- radix.name_locks (a row no ordinary role can lock).
 CREATE OR REPLACE FUNCTION radix._check_admission(caller oid, job_parts text[], run_as text,
                                                   if_not_exists boolean)
 RETURNS uuid

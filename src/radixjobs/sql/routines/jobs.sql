@@ -77,7 +77,7 @@ BEGIN
     RETURN radix._drop_job(current_user, job, if_exists, cascade);
 END $$;
 
--- As 0008, and RESTRICT refuses only while an attempt really runs: the claim is held by a live node, or
+-- DROP JOB's definer side. RESTRICT refuses only while an attempt really runs: the claim is held by a live node, or
 -- an attempt's backend still runs (a live frame, or the state row locked by an atomic attempt). A claim
 -- left by a killed node with nothing running does not count.
 CREATE OR REPLACE FUNCTION radix._drop_job(creator name, job text, if_exists boolean, cascade boolean)
@@ -201,7 +201,8 @@ BEGIN
     RETURN j;
 END $$;
 
--- As _arm_state (0010), and: `keep_anchor` keeps an EVERY job's grid anchor (ALTER ... SET, CREATE OR
+-- (Re)arm a job's state from its row (a new definition version): the next tick from its schedule.
+-- `keep_anchor` keeps an EVERY job's grid anchor (ALTER ... SET, CREATE OR
 -- REPLACE) unless STARTING AT gives one; a completed one-time job stays complete only for the same AT
 -- time; DISABLE drops the queued requests, any other re-arm puts a request in flight back in the queue.
 CREATE OR REPLACE FUNCTION radix._rearm(j radix.jobs, keep_anchor boolean) RETURNS void

@@ -33,8 +33,8 @@ BEGIN
     WHERE s.lease_token = ANY (tokens) AND s.lease_node = node AND s.status = 'running';
 END $$;
 
--- As 0003's begin_attempt, keyed by the MAC: the claim, the identity and the privileges, then the frame.
--- The KEY SHARE lock on the state row is held until the attempt's transaction ends (the fence, see 0003).
+-- An atomic lease attempt's begin, keyed by the MAC: the claim, the identity and the privileges, then the
+-- frame. The KEY SHARE lock on the state row is held until the attempt's transaction ends (the fence).
 CREATE OR REPLACE FUNCTION radix.begin_atomic(job uuid, mac text) RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -98,7 +98,7 @@ BEGIN
         idempotency_key = excluded.idempotency_key, lease_token = excluded.lease_token;
 END $$;
 
--- As 0003's end_attempt (atomic, with 0011's requests), keyed by the MAC: the frame closed and the tick
+-- An atomic lease attempt's end, keyed by the MAC: the frame closed and the tick
 -- marked succeeded in the attempt's own transaction, fenced by the lease token the frame holds.
 CREATE OR REPLACE FUNCTION radix.end_atomic(job uuid, mac text, next_planned_ns bigint) RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER

@@ -1,6 +1,7 @@
 -- Outcomes: the state advance, the history row and its pruning.
 
--- As 0003, and a request's tick ends by putting the stashed regular state back (a backfill tick that
+-- The state advance: the job's next tick after an attempt, fenced by its lease token (false: the token no
+-- longer holds the claim). A request's tick ends by putting the stashed regular state back (a backfill tick that
 -- succeeded is recorded in radix.backfill_done first); then the next queued request, if any, is installed.
 CREATE OR REPLACE FUNCTION radix._advance(job uuid, token uuid, next_planned_ns bigint, succeeded boolean,
                                           error jsonb) RETURNS boolean
@@ -50,7 +51,8 @@ BEGIN
     RETURN true;
 END $$;
 
--- As 0003, and an attempt whose lease was lost by a re-arm (its token is the fence) clears the fence when
+-- A lease attempt's outcome, as its node reports it: the history row, then retry_wait or the next tick.
+-- An attempt whose lease was lost by a re-arm (its token is the fence) clears the fence when
 -- its node reports it ended, so the job's next attempt may start.
 CREATE OR REPLACE FUNCTION radix.finish_attempt(job uuid, token uuid, outcome text, error jsonb,
                                                 retry_delay_ns bigint, next_planned_ns bigint,

@@ -110,7 +110,8 @@ BEGIN
             WHERE s.job_id = (radix._job_for_change(radix._caller(creator), job)).job_id);
 END $$;
 
--- backfill_job: as 0011, the anchor read through _job_anchor_ns (as the caller).
+-- BACKFILL JOB name FOR RANGE: queues the ticks the schedule had in [from_time, to_time] (cron ticks given
+-- by the caller, computed by the daemon's schedule code); the anchor is read through _job_anchor_ns.
 CREATE OR REPLACE FUNCTION radix.backfill_job(job text, from_time timestamptz, to_time timestamptz,
                                    cron_ticks bigint[] DEFAULT NULL) RETURNS integer
 LANGUAGE plpgsql VOLATILE

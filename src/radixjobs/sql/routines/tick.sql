@@ -138,8 +138,9 @@ BEGIN
     PERFORM radix._prune_history(job);
 END $$;
 
--- begin_tick: as 0016, and the tick's stored arguments in `radix.arguments` for its DO block (until the
--- transaction ends).
+-- begin_tick: the lone tick's start, in the principal's own transaction: the tick lock (FOR UPDATE SKIP
+-- LOCKED), the token's MAC, the identity and privileges, the frame, and the tick's stored arguments in the
+-- setting `radix.arguments` for its DO block (until the transaction ends).
 CREATE OR REPLACE FUNCTION radix.begin_tick(job uuid, planned_ns bigint, mac text) RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp

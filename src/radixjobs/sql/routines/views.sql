@@ -29,7 +29,8 @@ WHERE radix._is_operator();
 COMMENT ON VIEW radix.node_overview IS
     'Scheduler nodes of this database; rows only for operators (superusers, the radix schema owner, radix_admin).';
 
--- As 0010, with the options, the request in progress and the queued requests.
+-- Each job with its schedule, options, state, the request in progress and the number queued; a role sees
+-- the jobs it owns (operators: all).
 CREATE OR REPLACE VIEW radix.job_overview WITH (security_barrier) AS
 SELECT j.job_id, quote_ident(j.schema_name) || '.' || quote_ident(j.job_name) AS name,
        j.schema_name, j.job_name, j.owner_name AS owner, j.principal_name AS principal,
