@@ -46,14 +46,11 @@ BEGIN
     LEFT JOIN pg_proc p ON p.oid = j.procedure_oid AND p.prokind = 'p'
                        AND p.oid::regprocedure::text = j.procedure_signature
     CROSS JOIN radix.attempt_secret k
-    -- radix._tick_token(job, planned_ns, s.attempt, s.updated_at), inlined
-    CROSS JOIN LATERAL (SELECT encode(substring(sha256(k.secret || uuid_send(job) || int8send(start_tick.planned_ns)
-                                                       || int4send(s.attempt) || timestamptz_send(s.updated_at))
-                                                FROM 1 FOR 16), 'hex')::uuid AS token) x
+    CROSS JOIN LATERAL (SELECT radix._token_of(k.secret, job, start_tick.planned_ns, s.attempt, s.updated_at)
+                               AS token) x
     WHERE s.job_id = job AND s.status IN ('scheduled', 'retry_wait') AND s.request_kind IS NULL
       AND NOT s.via_lease AND s.due_ns <= radix.to_ns(clock_timestamp())
-      AND encode(sha256(sha256(k.secret || int4send(pg_backend_pid()) || timestamptz_send(started))
-                        || uuid_send(x.token)), 'hex') = mac
+      AND radix._mac_of(radix._session_key_of(k.secret, pg_backend_pid(), started), x.token) = mac
     -- as begin_atomic: radix.claim_due (FOR UPDATE ... SKIP LOCKED) passes the row by while the tick runs,
     -- and ALTER JOB (a plain UPDATE) does not wait for it
     FOR KEY SHARE OF s;
@@ -108,8 +105,7 @@ BEGIN
     DELETE FROM radix.attempt_frames f
     USING unnest(jobs, macs) AS u(job, mac), radix.attempt_secret k
     WHERE f.pid = pg_backend_pid() AND f.job_id = u.job
-      AND encode(sha256(sha256(k.secret || int4send(f.pid) || timestamptz_send(f.backend_start))
-                        || uuid_send(f.lease_token)), 'hex') = u.mac;
+      AND radix._mac_of(radix._session_key_of(k.secret, f.pid, f.backend_start), f.lease_token) = u.mac;
     IF cardinality(ran_jobs) = 0 THEN
         RETURN;
     END IF;
@@ -125,7 +121,7 @@ BEGIN
                       AS t(job, planned_ns, attempt, mac, next_ns, did)
         WHERE t.did
     ), session AS MATERIALIZED (  -- once, not once per state row
-        SELECT k.secret, sha256(k.secret || int4send(pg_backend_pid()) || timestamptz_send(a.backend_start)) AS key
+        SELECT k.secret, radix._session_key_of(k.secret, pg_backend_pid(), a.backend_start) AS key
         FROM radix.attempt_secret k, pg_stat_get_activity(pg_backend_pid()) a
     ), advanced AS (
         -- as end_tick's UPDATE, for every tick at once; the MAC is checked against the state itself
@@ -144,12 +140,7 @@ BEGIN
         WHERE s.job_id = ANY (ran_jobs) AND j.job_id = ANY (ran_jobs) AND s.job_id = t.job AND j.job_id = t.job
           AND s.status IN ('scheduled', 'retry_wait')
           AND s.request_kind IS NULL AND NOT s.via_lease AND s.attempt = t.attempt - 1
-          -- the MAC of radix._tick_token(job, planned, s.attempt, s.updated_at), inlined
-          AND encode(sha256(x.key || uuid_send(encode(substring(sha256(x.secret || uuid_send(t.job)
-                                                                       || int8send(t.planned_ns)
-                                                                       || int4send(s.attempt)
-                                                                       || timestamptz_send(s.updated_at))
-                                                                FROM 1 FOR 16), 'hex')::uuid)), 'hex') = t.mac
+          AND radix._mac_of(x.key, radix._token_of(x.secret, t.job, t.planned_ns, s.attempt, s.updated_at)) = t.mac
         RETURNING s.job_id, s.definition_version, t.planned_ns, t.attempt
     )
     INSERT INTO radix.radix_system_job_history
@@ -221,7 +212,7 @@ BEGIN
         LEFT JOIN pg_proc p ON p.oid = d.procedure_oid AND p.prokind = 'p'
                            AND p.oid::regprocedure::text = d.procedure_signature
     ), session AS MATERIALIZED (  -- once, not once per state row
-        SELECT k.secret, sha256(k.secret || int4send(pg_backend_pid()) || timestamptz_send(a.backend_start)) AS key
+        SELECT k.secret, radix._session_key_of(k.secret, pg_backend_pid(), a.backend_start) AS key
         FROM radix.attempt_secret k, pg_stat_get_activity(pg_backend_pid()) a
     )
     SELECT array_agg(x.i), array_agg(x.refused), array_agg(x.signature), array_agg(x.frame),
@@ -242,12 +233,7 @@ BEGIN
         WHERE s.job_id = ANY (locked) AND j.job_id = ANY (locked)
           AND s.status IN ('scheduled', 'retry_wait') AND s.request_kind IS NULL
           AND NOT s.via_lease AND s.due_ns <= radix.to_ns(clock_timestamp())
-          -- the MAC of radix._tick_token(job, planned, s.attempt, s.updated_at), inlined
-          AND encode(sha256(x.key || uuid_send(encode(substring(sha256(x.secret || uuid_send(u.job)
-                                                                       || int8send(u.planned_ns)
-                                                                       || int4send(s.attempt)
-                                                                       || timestamptz_send(s.updated_at))
-                                                                FROM 1 FOR 16), 'hex')::uuid)), 'hex') = u.mac
+          AND radix._mac_of(x.key, radix._token_of(x.secret, u.job, u.planned_ns, s.attempt, s.updated_at)) = u.mac
         -- as start_tick: radix.claim_due (FOR UPDATE ... SKIP LOCKED) passes the rows by while the batch
         -- runs, and ALTER JOB (a plain UPDATE) does not wait for them
         FOR KEY SHARE OF s

@@ -449,9 +449,7 @@ BEGIN
     SELECT d.job_id, d.definition_version, d.run_ns, d.attempt + 1,
            CASE WHEN d.schedule_kind = 'every' THEN (d.run_ns - d.planned_ns) / d.interval_ns ELSE 0 END,
            d.anchor_ns, (greatest(d.due_ns - radix.to_ns(clock_timestamp()), 0) / 1e6)::float8,
-           -- radix._tick_token(d.job_id, d.run_ns, d.attempt, d.updated_at), inlined (see the header)
-           encode(substring(sha256(k.secret || uuid_send(d.job_id) || int8send(d.run_ns) || int4send(d.attempt)
-                                   || timestamptz_send(d.updated_at)) FROM 1 FOR 16), 'hex')::uuid,
+           radix._token_of(k.secret, d.job_id, d.run_ns, d.attempt, d.updated_at),
            d.principal_oid,
            coalesce(runs[array_position(ps, d.principal_oid)], 0),
            d.deadline_ms

@@ -73,9 +73,7 @@ BEGIN
                        AND p.oid::regprocedure::text = j.procedure_signature
     CROSS JOIN radix.attempt_secret k
     WHERE s.job_id = job AND s.status = 'running'
-      -- radix._attempt_mac(s.lease_token), inlined
-      AND encode(sha256(sha256(k.secret || int4send(pg_backend_pid()) || timestamptz_send(started))
-                        || uuid_send(s.lease_token)), 'hex') = mac
+      AND radix._mac_of(radix._session_key_of(k.secret, pg_backend_pid(), started), s.lease_token) = mac
     FOR KEY SHARE OF s;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'the claim of this attempt is no longer held' USING ERRCODE = 'RXL01';
@@ -111,8 +109,8 @@ BEGIN
     -- the frame begin_atomic wrote on this backend holds its backend_start: the MAC without pg_stat
     DELETE FROM radix.attempt_frames d WHERE d.pid = pg_backend_pid() AND d.job_id = job
     RETURNING d.planned_ns, d.attempt, d.lease_token,
-              (SELECT encode(sha256(sha256(k.secret || int4send(d.pid) || timestamptz_send(d.backend_start))
-                                    || uuid_send(d.lease_token)), 'hex') FROM radix.attempt_secret k) AS mac
+              (SELECT radix._mac_of(radix._session_key_of(k.secret, d.pid, d.backend_start), d.lease_token)
+               FROM radix.attempt_secret k) AS mac
     INTO f;
     IF NOT FOUND OR f.mac IS DISTINCT FROM mac THEN
         RAISE EXCEPTION 'the frame of this attempt is gone' USING ERRCODE = 'RXL01';

@@ -16,8 +16,8 @@ DECLARE
 BEGIN
     DELETE FROM radix.attempt_frames d WHERE d.pid = pg_backend_pid() AND d.job_id = job
     RETURNING d.planned_ns, d.attempt, d.lease_token, d.idempotency_key,
-              (SELECT encode(sha256(sha256(k.secret || int4send(d.pid) || timestamptz_send(d.backend_start))
-                                    || uuid_send(d.lease_token)), 'hex') FROM radix.attempt_secret k) AS mac
+              (SELECT radix._mac_of(radix._session_key_of(k.secret, d.pid, d.backend_start), d.lease_token)
+               FROM radix.attempt_secret k) AS mac
     INTO f;
     IF NOT FOUND OR f.mac IS DISTINCT FROM mac THEN
         RAISE EXCEPTION 'the frame of this attempt is gone' USING ERRCODE = 'RXL01';
@@ -36,9 +36,7 @@ BEGIN
     FROM radix.jobs j, radix.attempt_secret k
     WHERE s.job_id = job AND j.job_id = job AND s.status IN ('scheduled', 'retry_wait')
       AND s.request_kind IS NULL AND s.attempt = f.attempt - 1
-      -- radix._tick_token(job, f.planned_ns, s.attempt, s.updated_at) = f.lease_token, inlined
-      AND encode(substring(sha256(k.secret || uuid_send(job) || int8send(f.planned_ns) || int4send(s.attempt)
-                                  || timestamptz_send(s.updated_at)) FROM 1 FOR 16), 'hex')::uuid = f.lease_token;
+      AND radix._token_of(k.secret, job, f.planned_ns, s.attempt, s.updated_at) = f.lease_token;
     IF FOUND THEN
         -- a history row left 'running' by a lease fenced before (ALTER JOB) belongs to no attempt now (the
         -- same close as claim_due's and claim_tick's, inline: this is the hot path)

@@ -1,5 +1,31 @@
 -- Tokens and MACs: the secrets that fence an attempt to the session and the tick it was started for.
 
+-- Each rule below is written once. The first three are plain SQL expressions without a SET clause, so the
+-- planner inlines them into the statement that calls them: the hot path's statements (begin_tick, end_tick,
+-- start_ticks, end_ticks, the finder) call them at no cost, with the secret read once by a join. Their
+-- names are resolved when they are created (SQL-standard bodies), whatever the caller's search_path.
+
+-- The tick token L: the first 16 bytes of sha256(secret || job_id || planned_ns || attempt || updated_at), as
+-- a uuid. It dies when the job's tick changes (its attempt, or any claim, advance, retry, re-arm or request
+-- sets updated_at), and is as unguessable as a random lease token.
+CREATE OR REPLACE FUNCTION radix._token_of(secret bytea, job uuid, planned_ns bigint, attempt integer,
+                                           updated_at timestamptz) RETURNS uuid
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN encode(substring(sha256(secret || uuid_send(job) || int8send(planned_ns) || int4send(attempt)
+                               || timestamptz_send(updated_at)) FROM 1 FOR 16), 'hex')::uuid;
+
+-- A backend's session key: sha256(secret || pid || backend_start). Good only on that backend.
+CREATE OR REPLACE FUNCTION radix._session_key_of(secret bytea, pid integer, backend_start timestamptz)
+RETURNS bytea
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN sha256(secret || int4send(pid) || timestamptz_send(backend_start));
+
+-- The MAC of a token for a session: hex(sha256(session key || token)). Query texts carry only this, so a
+-- principal reading them (current_query(), pg_stat_activity) learns nothing usable on another backend.
+CREATE OR REPLACE FUNCTION radix._mac_of(session_key bytea, token uuid) RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN encode(sha256(session_key || uuid_send(token)), 'hex');
+
 CREATE OR REPLACE FUNCTION radix._tick_token(job uuid, planned_ns bigint, attempt integer,
                                              updated_at timestamptz) RETURNS uuid
 LANGUAGE plpgsql STABLE
@@ -7,10 +33,7 @@ SET search_path = pg_catalog, pg_temp
 SET jit = off
 AS $$
 BEGIN
-    RETURN (SELECT encode(substring(sha256(k.secret || uuid_send(_tick_token.job) || int8send(_tick_token.planned_ns)
-                                           || int4send(_tick_token.attempt) || timestamptz_send(_tick_token.updated_at))
-                                    FROM 1 FOR 16), 'hex')::uuid
-            FROM radix.attempt_secret k);
+    RETURN (SELECT radix._token_of(k.secret, job, planned_ns, attempt, updated_at) FROM radix.attempt_secret k);
 END $$;
 
 CREATE OR REPLACE FUNCTION radix._session_key() RETURNS bytea
@@ -19,7 +42,7 @@ SET search_path = pg_catalog, pg_temp
 SET jit = off
 AS $$
 BEGIN
-    RETURN (SELECT sha256(k.secret || int4send(pg_backend_pid()) || timestamptz_send(a.backend_start))
+    RETURN (SELECT radix._session_key_of(k.secret, pg_backend_pid(), a.backend_start)
             FROM radix.attempt_secret k, pg_stat_get_activity(pg_backend_pid()) a);
 END $$;
 
@@ -29,7 +52,7 @@ SET search_path = pg_catalog, pg_temp
 SET jit = off
 AS $$
 BEGIN
-    RETURN encode(sha256(radix._session_key() || uuid_send(token)), 'hex');
+    RETURN radix._mac_of(radix._session_key(), token);
 END $$;
 
 CREATE OR REPLACE FUNCTION radix._tick_frame_mac(frame text) RETURNS text
