@@ -6,9 +6,11 @@ Invariants:
   functions they call, ``grants.sql`` last: the allow-list of what PUBLIC may use).
 - Applying is idempotent and leaves the database holding exactly the source: every statement is a
   ``CREATE OR REPLACE``; one whose object cannot be replaced in place (a function's result type or argument
-  names changed, a view's columns) is dropped and created again; afterwards every radix function, view and
-  trigger the source does not define is dropped (never with CASCADE: an object of someone else's that depends
-  on one stops the install, naming it).
+  names changed, a view's columns) is dropped and created again; afterwards every function and view in schema
+  radix, and every trigger on a radix table that runs a radix function, that the source does not define is
+  dropped (never with CASCADE: an object of someone else's that depends on one stops the install, naming it).
+  An operator's own trigger on a radix table (an audit copy of the history) runs a function of another schema
+  and is kept.
 - It all happens in the caller's transaction, with ``check_function_bodies`` off (a body may name a routine of
   a later file); a failure leaves nothing changed.
 - ``checksum()`` is the sha256 of the source as applied; the install records it in ``radix.routine_source``.
@@ -50,7 +52,9 @@ WHERE c.relnamespace OPERATOR(pg_catalog.=) 'radix'::pg_catalog.regnamespace
 UNION ALL
 SELECT 'TRIGGER', pg_catalog.format('%%I ON %%s', t.tgname, t.tgrelid::pg_catalog.regclass)
 FROM pg_catalog.pg_trigger t JOIN pg_catalog.pg_class c ON c.oid OPERATOR(pg_catalog.=) t.tgrelid
+JOIN pg_catalog.pg_proc f ON f.oid OPERATOR(pg_catalog.=) t.tgfoid
 WHERE c.relnamespace OPERATOR(pg_catalog.=) 'radix'::pg_catalog.regnamespace AND NOT t.tgisinternal
+  AND f.pronamespace OPERATOR(pg_catalog.=) 'radix'::pg_catalog.regnamespace
   AND (t.tgname OPERATOR(pg_catalog.||) ' ON radix.' OPERATOR(pg_catalog.||) c.relname)
       OPERATOR(pg_catalog.<>) ALL (%(triggers)s::pg_catalog.text[])
 """

@@ -161,10 +161,15 @@ def test_routines_of_another_version_are_not_ready_until_installed(conn: psycopg
     migrate.check_ready(conn)
 
 
-def test_an_install_restores_a_routine_changed_or_added_by_hand(conn: psycopg.Connection[Any]) -> None:
+def test_an_install_restores_the_routines_and_keeps_an_operators_trigger(conn: psycopg.Connection[Any]) -> None:
     conn.execute("CREATE OR REPLACE FUNCTION radix.max_timeout_ms() RETURNS integer LANGUAGE sql RETURN 1")
     conn.execute("CREATE FUNCTION radix.stray() RETURNS integer LANGUAGE sql RETURN 1")
     conn.execute("CREATE VIEW radix.stray_view AS SELECT 1 AS one")
+    conn.execute("CREATE TRIGGER stray AFTER INSERT ON radix.nodes FOR EACH ROW EXECUTE FUNCTION radix._job_dropped()")
+    conn.execute("CREATE SCHEMA audit; CREATE FUNCTION audit.copy() RETURNS trigger LANGUAGE plpgsql "
+                 "AS $$ BEGIN RETURN NULL; END $$")
+    conn.execute("CREATE TRIGGER audit AFTER INSERT ON radix.radix_system_job_history "
+                 "FOR EACH ROW EXECUTE FUNCTION audit.copy()")
     conn.execute("GRANT EXECUTE ON FUNCTION radix._caller(name) TO PUBLIC")
     migrate.install(conn)
     assert conn.execute("SELECT radix.max_timeout_ms()").fetchone() == (604800000,)
@@ -172,6 +177,8 @@ def test_an_install_restores_a_routine_changed_or_added_by_hand(conn: psycopg.Co
         == (None, None)
     assert conn.execute("SELECT has_function_privilege('public', 'radix._caller(name)', 'EXECUTE')").fetchone() \
         == (False,)
+    # radix's own stray trigger is gone; an operator's trigger on a radix table, running its own function, stays
+    assert conn.execute("SELECT tgname FROM pg_trigger WHERE tgname IN ('stray', 'audit')").fetchall() == [("audit",)]
 
 
 def test_an_install_replaces_a_routine_whose_shape_changed(conn: psycopg.Connection[Any]) -> None:
