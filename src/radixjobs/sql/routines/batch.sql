@@ -22,29 +22,13 @@ BEGIN
         RETURN;
     END IF;
     SELECT s.attempt, j.procedure_signature, x.token,
-           CASE
-               WHEN (SELECT r.oid FROM pg_roles r WHERE r.rolname = session_user)
-                    IS DISTINCT FROM j.principal_oid THEN 1
-               WHEN NOT coalesce((
-                   SELECT CASE WHEN a.rolsuper THEN true
-                               WHEN t.rolsuper THEN false
-                               WHEN j.owner_oid = j.principal_oid THEN true
-                               WHEN current_setting('server_version_num')::integer >= 160000
-                                   THEN pg_has_role(j.owner_oid, j.principal_oid, 'SET')
-                               ELSE pg_has_role(j.owner_oid, j.principal_oid, 'MEMBER') END
-                   FROM pg_roles a, pg_roles t WHERE a.oid = j.owner_oid AND t.oid = j.principal_oid), false)
-                   THEN 2
-               WHEN p.oid IS NULL THEN 3
-               WHEN NOT has_database_privilege(j.principal_oid, current_database(), 'CONNECT')
-                    OR NOT has_schema_privilege(j.principal_oid, p.pronamespace, 'USAGE')
-                    OR NOT has_function_privilege(j.principal_oid, p.oid, 'EXECUTE') THEN 4
-               ELSE 0
-           END AS refused
+           r.refused
     INTO c
     FROM radix.radix_system_job_state s
     JOIN radix.jobs j ON j.job_id = s.job_id
     LEFT JOIN pg_proc p ON p.oid = j.procedure_oid AND p.prokind = 'p'
                        AND p.oid::regprocedure::text = j.procedure_signature
+    CROSS JOIN LATERAL radix._refusal(j.principal_oid, j.owner_oid, p.oid, p.pronamespace) r
     CROSS JOIN radix.attempt_secret k
     CROSS JOIN LATERAL (SELECT radix._token_of(k.secret, job, start_tick.planned_ns, s.attempt, s.updated_at)
                                AS token) x
@@ -112,9 +96,7 @@ BEGIN
     -- a history row left 'running' by a lease fenced before (ALTER JOB) belongs to no attempt now (as
     -- end_tick closes it; rolled back with the rest if a tick is no longer as begun)
     UPDATE radix.radix_system_job_history h SET status = 'lease_lost', finished_at = clock_timestamp(),
-        error = jsonb_build_object('error', 'PL_JOB_ATTEMPT_FAILED', 'kind', 'lease_lost',
-                                   'category', 'connection',
-                                   'detail', jsonb_build_object('reason', 'job redefined'))
+        error = radix._lease_lost(jsonb_build_object('reason', 'job redefined'))
     WHERE h.job_id = ANY (ran_jobs) AND h.status = 'running';
     WITH t AS (
         SELECT * FROM unnest(jobs, planned, attempts, macs, nexts, ran)
@@ -126,14 +108,11 @@ BEGIN
     ), advanced AS (
         -- as end_tick's UPDATE, for every tick at once; the MAC is checked against the state itself
         UPDATE radix.radix_system_job_state s SET
-            status = CASE WHEN j.schedule_kind = 'at' OR t.next_ns IS NULL THEN 'complete' ELSE 'scheduled' END,
-            planned_ns = CASE WHEN j.schedule_kind = 'at' OR t.next_ns IS NULL THEN t.planned_ns ELSE t.next_ns END,
-            due_ns = CASE WHEN j.schedule_kind = 'at' OR t.next_ns IS NULL THEN NULL ELSE t.next_ns END,
-            attempt = CASE WHEN j.schedule_kind = 'at' OR t.next_ns IS NULL THEN t.attempt ELSE 0 END,
-            idempotency_key = CASE WHEN j.schedule_kind = 'at' OR t.next_ns IS NULL
-                                   THEN t.job::text || '/' || t.planned_ns::text END,
-            coalesced_ticks = s.coalesced_ticks + CASE WHEN j.schedule_kind = 'every'
-                                                       THEN (t.planned_ns - s.planned_ns) / j.interval_ns ELSE 0 END,
+            (status, planned_ns, due_ns, attempt, idempotency_key) =
+                (SELECT * FROM radix._advanced(j.schedule_kind, t.next_ns, true, t.planned_ns, t.attempt,
+                                               t.job::text || '/' || t.planned_ns::text)),
+            coalesced_ticks = s.coalesced_ticks
+                              + radix._ticks_coalesced(j.schedule_kind, s.planned_ns, t.planned_ns, j.interval_ns),
             last_error = NULL, updated_at = clock_timestamp()
         FROM t, radix.jobs j, session x
         -- `= ANY (ran_jobs)`: key probes whatever the plan (a generic plan does not know the batch is small)
@@ -189,28 +168,12 @@ BEGIN
         -- the identity, the owner's right and the procedure's privileges, once per principal, owner and
         -- procedure of the batch (start_tick's checks, the same order)
         SELECT d.principal_oid, d.owner_oid, d.procedure_oid, d.procedure_signature,
-               CASE
-                   WHEN (SELECT r.oid FROM pg_roles r WHERE r.rolname = session_user)
-                        IS DISTINCT FROM d.principal_oid THEN 1
-                   WHEN NOT coalesce((
-                       SELECT CASE WHEN a.rolsuper THEN true
-                                   WHEN t.rolsuper THEN false
-                                   WHEN d.owner_oid = d.principal_oid THEN true
-                                   WHEN current_setting('server_version_num')::integer >= 160000
-                                       THEN pg_has_role(d.owner_oid, d.principal_oid, 'SET')
-                                   ELSE pg_has_role(d.owner_oid, d.principal_oid, 'MEMBER') END
-                       FROM pg_roles a, pg_roles t WHERE a.oid = d.owner_oid AND t.oid = d.principal_oid), false)
-                       THEN 2
-                   WHEN p.oid IS NULL THEN 3
-                   WHEN NOT has_database_privilege(d.principal_oid, current_database(), 'CONNECT')
-                        OR NOT has_schema_privilege(d.principal_oid, p.pronamespace, 'USAGE')
-                        OR NOT has_function_privilege(d.principal_oid, p.oid, 'EXECUTE') THEN 4
-                   ELSE 0
-               END AS refused
+               r.refused
         FROM (SELECT DISTINCT jj.principal_oid, jj.owner_oid, jj.procedure_oid, jj.procedure_signature
               FROM radix.jobs jj WHERE jj.job_id = ANY (locked)) d
         LEFT JOIN pg_proc p ON p.oid = d.procedure_oid AND p.prokind = 'p'
                            AND p.oid::regprocedure::text = d.procedure_signature
+        CROSS JOIN LATERAL radix._refusal(d.principal_oid, d.owner_oid, p.oid, p.pronamespace) r
     ), session AS MATERIALIZED (  -- once, not once per state row
         SELECT k.secret, radix._session_key_of(k.secret, pg_backend_pid(), a.backend_start) AS key
         FROM radix.attempt_secret k, pg_stat_get_activity(pg_backend_pid()) a

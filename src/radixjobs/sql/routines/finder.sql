@@ -287,9 +287,7 @@ BEGIN
     -- fresh claims: a history row still 'running' for the job belongs to no attempt (its state is not
     -- running); close it before the new attempt's row is written
     UPDATE radix.radix_system_job_history h SET status = 'lease_lost', finished_at = now_ts,
-        error = jsonb_build_object('error', 'PL_JOB_ATTEMPT_FAILED', 'kind', 'lease_lost',
-                                   'category', 'connection',
-                                   'detail', jsonb_build_object('reason', 'job redefined'))
+        error = radix._lease_lost(jsonb_build_object('reason', 'job redefined'))
     WHERE h.job_id = ANY (picked) AND h.status = 'running'  -- radix_system_job_history_running
       AND NOT EXISTS (SELECT 1 FROM radix.radix_system_job_state s
                       WHERE s.job_id = h.job_id AND s.status = 'running');
@@ -299,10 +297,7 @@ BEGIN
         SELECT s.job_id, s.status = 'running' AS resumed,
                CASE WHEN s.status = 'scheduled' AND j.schedule_kind = 'every' AND s.planned_ns <= now_ns
                          AND s.request_kind IS NULL
-                    THEN s.planned_ns + greatest(
-                             (now_ns - s.planned_ns) / j.interval_ns
-                             - CASE WHEN j.coalesce_ticks THEN 0 ELSE radix.max_missed_ticks() - 1 END,
-                             0) * j.interval_ns
+                    THEN radix._tick_to_run(s.planned_ns, now_ns, j.interval_ns, j.coalesce_ticks)
                     ELSE s.planned_ns END AS new_planned,
                coalesce(s.request_kind, 'schedule') AS run_kind,
                s.planned_ns AS old_planned, j.interval_ns, j.schedule_kind
@@ -318,20 +313,17 @@ BEGIN
             lease_token = gen_random_uuid(),
             lease_expires_at = now_ts + lease,
             due_ns = radix.to_ns(now_ts + lease),
-            coalesced_ticks = s.coalesced_ticks + CASE WHEN d.schedule_kind = 'every'
-                THEN (d.new_planned - d.old_planned) / d.interval_ns ELSE 0 END,
+            coalesced_ticks = s.coalesced_ticks
+                              + radix._ticks_coalesced(d.schedule_kind, d.old_planned, d.new_planned, d.interval_ns),
             updated_at = now_ts
         FROM decided d WHERE s.job_id = d.job_id
         RETURNING s.job_id, s.definition_version, s.lease_token, s.planned_ns, s.attempt,
                   s.idempotency_key, d.resumed, d.run_kind,
-                  CASE WHEN d.schedule_kind = 'every' THEN (d.new_planned - d.old_planned) / d.interval_ns
-                       ELSE 0 END AS coalesced,
+                  radix._ticks_coalesced(d.schedule_kind, d.old_planned, d.new_planned, d.interval_ns) AS coalesced,
                   s.anchor_ns
     ), lost AS (
         UPDATE radix.radix_system_job_history h SET status = 'lease_lost', finished_at = now_ts,
-            error = jsonb_build_object('error', 'PL_JOB_ATTEMPT_FAILED', 'kind', 'lease_lost',
-                                       'category', 'connection', 'detail',
-                                       jsonb_build_object('scheduler_retryable', true))
+            error = radix._lease_lost(jsonb_build_object('scheduler_retryable', true))
         FROM claimed c
         WHERE c.resumed AND h.job_id = c.job_id AND h.planned_ns = c.planned_ns
           AND h.attempt = c.attempt AND h.status = 'running'
@@ -436,10 +428,7 @@ BEGIN
     ), decided AS (
         SELECT f.*, j.interval_ns, j.schedule_kind, j.deadline_ms,
                CASE WHEN f.status = 'scheduled' AND j.schedule_kind = 'every' AND f.planned_ns <= now_ns
-                    THEN f.planned_ns + greatest(
-                             (now_ns - f.planned_ns) / j.interval_ns
-                             - CASE WHEN j.coalesce_ticks THEN 0 ELSE radix.max_missed_ticks() - 1 END,
-                             0) * j.interval_ns
+                    THEN radix._tick_to_run(f.planned_ns, now_ns, j.interval_ns, j.coalesce_ticks)
                     ELSE f.planned_ns END AS run_ns
         -- one probe of the jobs' primary key per tick found (see the header)
         FROM found f CROSS JOIN LATERAL (
@@ -447,7 +436,7 @@ BEGIN
             WHERE jj.job_id = f.job_id LIMIT 1) j
     )
     SELECT d.job_id, d.definition_version, d.run_ns, d.attempt + 1,
-           CASE WHEN d.schedule_kind = 'every' THEN (d.run_ns - d.planned_ns) / d.interval_ns ELSE 0 END,
+           radix._ticks_coalesced(d.schedule_kind, d.planned_ns, d.run_ns, d.interval_ns),
            d.anchor_ns, (greatest(d.due_ns - radix.to_ns(clock_timestamp()), 0) / 1e6)::float8,
            radix._token_of(k.secret, d.job_id, d.run_ns, d.attempt, d.updated_at),
            d.principal_oid,

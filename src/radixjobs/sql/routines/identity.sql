@@ -170,17 +170,44 @@ END $$;
 CREATE OR REPLACE TRIGGER state_principal BEFORE INSERT OR UPDATE OF job_id ON radix.radix_system_job_state
     FOR EACH ROW EXECUTE FUNCTION radix._state_principal();
 
+-- Who may act as whom: a superuser as anyone, nobody else as a superuser, a role as itself; otherwise the
+-- actor needs SET on the target (MEMBER before PostgreSQL 16). No row when either role is gone. Plain SQL
+-- returning a set, without a SET clause: the planner inlines it into the statement that reads it.
+CREATE OR REPLACE FUNCTION radix._acting_as(actor oid, target oid) RETURNS TABLE (allowed boolean)
+LANGUAGE sql STABLE ROWS 1
+BEGIN ATOMIC
+    SELECT CASE WHEN a.rolsuper THEN true
+                WHEN t.rolsuper THEN false
+                WHEN actor = target THEN true
+                WHEN current_setting('server_version_num')::integer >= 160000 THEN pg_has_role(actor, target, 'SET')
+                ELSE pg_has_role(actor, target, 'MEMBER') END
+    FROM pg_roles a, pg_roles t WHERE a.oid = actor AND t.oid = target;
+END;
+
 CREATE OR REPLACE FUNCTION radix.may_act_as(actor oid, target oid) RETURNS boolean
 LANGUAGE plpgsql STABLE STRICT
 SET search_path = pg_catalog, pg_temp
 SET jit = off
 AS $$
 BEGIN
-    RETURN (SELECT CASE WHEN a.rolsuper THEN true
-                        WHEN t.rolsuper THEN false
-                        WHEN may_act_as.actor = may_act_as.target THEN true
-                        WHEN current_setting('server_version_num')::integer >= 160000
-                            THEN pg_has_role(may_act_as.actor, may_act_as.target, 'SET')
-                        ELSE pg_has_role(may_act_as.actor, may_act_as.target, 'MEMBER') END
-            FROM pg_roles a, pg_roles t WHERE a.oid = may_act_as.actor AND t.oid = may_act_as.target);
+    RETURN (SELECT m.allowed FROM radix._acting_as(actor, target) m);
 END $$;
+
+-- Why the session may not run a job's procedure now as its principal (0: it may): 1 the session is not logged
+-- in as the principal; 2 the job's owner may no longer act as it; 3 the procedure is gone or renamed (`proc`
+-- NULL); 4 the principal lacks CONNECT on the database, USAGE on the procedure's schema or EXECUTE on it.
+-- Every begin of an attempt asks it (begin_atomic, start_tick, start_ticks), inlined like radix._acting_as.
+CREATE OR REPLACE FUNCTION radix._refusal(principal oid, owner oid, proc oid, proc_schema oid)
+RETURNS TABLE (refused integer)
+LANGUAGE sql STABLE ROWS 1
+BEGIN ATOMIC
+    SELECT CASE
+        WHEN (SELECT r.oid FROM pg_roles r WHERE r.rolname = session_user) IS DISTINCT FROM principal THEN 1
+        WHEN NOT coalesce((SELECT m.allowed FROM radix._acting_as(owner, principal) m), false) THEN 2
+        WHEN proc IS NULL THEN 3
+        WHEN NOT has_database_privilege(principal, current_database(), 'CONNECT')
+             OR NOT has_schema_privilege(principal, proc_schema, 'USAGE')
+             OR NOT has_function_privilege(principal, proc, 'EXECUTE') THEN 4
+        ELSE 0
+    END;
+END;

@@ -240,9 +240,7 @@ BEGIN
         VALUES (j.job_id, old.planned_ns, old.request_kind, j.owner_name) ON CONFLICT DO NOTHING;
     END IF;
     UPDATE radix.radix_system_job_history h SET status = 'lease_lost', finished_at = clock_timestamp(),
-        error = jsonb_build_object('error', 'PL_JOB_ATTEMPT_FAILED', 'kind', 'lease_lost',
-                                   'category', 'connection',
-                                   'detail', jsonb_build_object('reason', 'job redefined'))
+        error = radix._lease_lost(jsonb_build_object('reason', 'job redefined'))
     WHERE h.job_id = j.job_id AND h.status = 'running';
     UPDATE radix.radix_system_job_state SET
         definition_version = j.definition_version, status = new_status,

@@ -45,32 +45,14 @@ DECLARE
     started timestamptz := (SELECT a.backend_start FROM pg_stat_get_activity(pg_backend_pid()) a);
     c record;
 BEGIN
-    -- refused: 0 ok; 1 not logged in as the principal; 2 the owner may no longer act as it (the rule of
-    -- radix.may_act_as, inlined); 3 the procedure is gone (or renamed); 4 no privilege to run it
     SELECT s.attempt, s.planned_ns, s.idempotency_key, s.lease_token, j.procedure_signature,
-           CASE
-               WHEN (SELECT r.oid FROM pg_roles r WHERE r.rolname = session_user)
-                    IS DISTINCT FROM j.principal_oid THEN 1
-               WHEN NOT coalesce((
-                   SELECT CASE WHEN a.rolsuper THEN true
-                               WHEN t.rolsuper THEN false
-                               WHEN j.owner_oid = j.principal_oid THEN true
-                               WHEN current_setting('server_version_num')::integer >= 160000
-                                   THEN pg_has_role(j.owner_oid, j.principal_oid, 'SET')
-                               ELSE pg_has_role(j.owner_oid, j.principal_oid, 'MEMBER') END
-                   FROM pg_roles a, pg_roles t WHERE a.oid = j.owner_oid AND t.oid = j.principal_oid), false)
-                   THEN 2
-               WHEN p.oid IS NULL THEN 3
-               WHEN NOT has_database_privilege(j.principal_oid, current_database(), 'CONNECT')
-                    OR NOT has_schema_privilege(j.principal_oid, p.pronamespace, 'USAGE')
-                    OR NOT has_function_privilege(j.principal_oid, p.oid, 'EXECUTE') THEN 4
-               ELSE 0
-           END AS refused
+           r.refused
     INTO c
     FROM radix.radix_system_job_state s
     JOIN radix.jobs j ON j.job_id = s.job_id
     LEFT JOIN pg_proc p ON p.oid = j.procedure_oid AND p.prokind = 'p'
                        AND p.oid::regprocedure::text = j.procedure_signature
+    CROSS JOIN LATERAL radix._refusal(j.principal_oid, j.owner_oid, p.oid, p.pronamespace) r
     CROSS JOIN radix.attempt_secret k
     WHERE s.job_id = job AND s.status = 'running'
       AND radix._mac_of(radix._session_key_of(k.secret, pg_backend_pid(), started), s.lease_token) = mac
@@ -117,12 +99,9 @@ BEGIN
     END IF;
     -- a scheduled tick: what radix._advance(job, token, next_planned_ns, true, NULL) writes, in one UPDATE
     UPDATE radix.radix_system_job_state s SET
-        status = CASE WHEN j.schedule_kind = 'at' OR next_planned_ns IS NULL THEN 'complete' ELSE 'scheduled' END,
-        planned_ns = CASE WHEN j.schedule_kind = 'at' OR next_planned_ns IS NULL THEN s.planned_ns
-                          ELSE next_planned_ns END,
-        due_ns = CASE WHEN j.schedule_kind = 'at' OR next_planned_ns IS NULL THEN NULL ELSE next_planned_ns END,
-        attempt = CASE WHEN j.schedule_kind = 'at' OR next_planned_ns IS NULL THEN s.attempt ELSE 0 END,
-        idempotency_key = CASE WHEN j.schedule_kind = 'at' OR next_planned_ns IS NULL THEN s.idempotency_key END,
+        (status, planned_ns, due_ns, attempt, idempotency_key) =
+            (SELECT * FROM radix._advanced(j.schedule_kind, next_planned_ns, true, s.planned_ns, s.attempt,
+                                           s.idempotency_key)),
         lease_node = NULL, lease_token = NULL, lease_expires_at = NULL, last_error = NULL,
         updated_at = clock_timestamp()
     FROM radix.jobs j

@@ -1,5 +1,44 @@
 -- Outcomes: the state advance, the history row and its pruning.
 
+-- The error of a history row whose attempt lost its lease (a re-arm fenced it, or its node died): one record,
+-- written wherever such a row is closed. Inlined into the statement that writes it.
+CREATE OR REPLACE FUNCTION radix._lease_lost(detail jsonb) RETURNS jsonb
+LANGUAGE sql STABLE PARALLEL SAFE
+RETURN jsonb_build_object('error', 'PL_JOB_ATTEMPT_FAILED', 'kind', 'lease_lost', 'category', 'connection',
+                          'detail', detail);
+
+-- The state advance after a tick's attempt ended for good: an AT job, or one with no next tick, ends
+-- (complete when it succeeded, else failed) and keeps its tick, attempt and key; any other is scheduled at its
+-- next tick, attempt 0, no key. One row, plain SQL: the planner inlines it into the UPDATE that writes it,
+--   SET (status, planned_ns, due_ns, attempt, idempotency_key) = (SELECT * FROM radix._advanced(...)).
+CREATE OR REPLACE FUNCTION radix._advanced(kind text, next_ns bigint, succeeded boolean, tick_ns bigint,
+                                           tick_attempt integer, tick_key text)
+RETURNS TABLE (status text, planned_ns bigint, due_ns bigint, attempt integer, idempotency_key text)
+LANGUAGE sql IMMUTABLE ROWS 1
+BEGIN ATOMIC
+    SELECT CASE WHEN e.ended THEN CASE WHEN succeeded THEN 'complete' ELSE 'failed' END ELSE 'scheduled' END,
+           CASE WHEN e.ended THEN tick_ns ELSE next_ns END,
+           CASE WHEN e.ended THEN NULL ELSE next_ns END,
+           CASE WHEN e.ended THEN tick_attempt ELSE 0 END,
+           CASE WHEN e.ended THEN tick_key END
+    FROM (SELECT kind = 'at' OR next_ns IS NULL AS ended) e;
+END;
+
+-- How many ticks of a job were coalesced when it ran tick `run_ns` where `planned_ns` was planned: the EVERY
+-- ticks between them (cron jobs are planned, and their missed ticks coalesced, by the daemon).
+CREATE OR REPLACE FUNCTION radix._ticks_coalesced(kind text, planned_ns bigint, run_ns bigint, interval_ns bigint)
+RETURNS bigint
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN CASE WHEN kind = 'every' THEN (run_ns - planned_ns) / interval_ns ELSE 0 END;
+
+-- The tick an EVERY job found late at `now_ns` runs: the newest one due when it coalesces missed ticks, else
+-- the oldest of the newest radix.max_missed_ticks() (the ones before it are coalesced).
+CREATE OR REPLACE FUNCTION radix._tick_to_run(planned_ns bigint, now_ns bigint, interval_ns bigint,
+                                              coalesce_ticks boolean) RETURNS bigint
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN planned_ns + greatest((now_ns - planned_ns) / interval_ns
+                             - CASE WHEN coalesce_ticks THEN 0 ELSE radix.max_missed_ticks() - 1 END, 0) * interval_ns;
+
 -- The state advance: the job's next tick after an attempt, fenced by its lease token (false: the token no
 -- longer holds the claim). A request's tick ends by putting the stashed regular state back (a backfill tick that
 -- succeeded is recorded in radix.backfill_done first); then the next queued request, if any, is installed.
@@ -31,14 +70,10 @@ BEGIN
             lease_node = NULL, lease_token = NULL, lease_expires_at = NULL, updated_at = clock_timestamp()
         WHERE job_id = job AND lease_token = token AND status = 'running';
     ELSE
-        UPDATE radix.radix_system_job_state SET
-            status = CASE WHEN kind = 'at' OR next_planned_ns IS NULL
-                          THEN CASE WHEN succeeded THEN 'complete' ELSE 'failed' END
-                          ELSE 'scheduled' END,
-            planned_ns = CASE WHEN kind = 'at' OR next_planned_ns IS NULL THEN planned_ns ELSE next_planned_ns END,
-            due_ns = CASE WHEN kind = 'at' OR next_planned_ns IS NULL THEN NULL ELSE next_planned_ns END,
-            attempt = CASE WHEN kind = 'at' OR next_planned_ns IS NULL THEN attempt ELSE 0 END,
-            idempotency_key = CASE WHEN kind = 'at' OR next_planned_ns IS NULL THEN idempotency_key END,
+        UPDATE radix.radix_system_job_state st SET
+            (status, planned_ns, due_ns, attempt, idempotency_key) =
+                (SELECT * FROM radix._advanced(kind, next_planned_ns, succeeded, st.planned_ns, st.attempt,
+                                               st.idempotency_key)),
             lease_node = NULL, lease_token = NULL, lease_expires_at = NULL,
             last_error = coalesce(error, CASE WHEN succeeded THEN NULL ELSE last_error END),
             updated_at = clock_timestamp()
@@ -111,9 +146,7 @@ AS $$
          started_at, finished_at, error)
     SELECT j.job_id, j.definition_version, tick_ns, attempt, job::text || '/' || tick_ns::text, 'lease_lost', node,
            'schedule', true, least(started_at, clock_timestamp()), least(finished_at, clock_timestamp()),
-           jsonb_build_object('error', 'PL_JOB_ATTEMPT_FAILED', 'kind', 'lease_lost', 'category', 'connection',
-                              'detail', jsonb_build_object('reason', 'tick changed or taken over',
-                                                           'sqlstate', sqlstate))
+           radix._lease_lost(jsonb_build_object('reason', 'tick changed or taken over', 'sqlstate', sqlstate))
     FROM radix.jobs j WHERE j.job_id = job;
     SELECT radix._prune_history(job);
 $$;

@@ -24,14 +24,11 @@ BEGIN
     END IF;
     -- not published: the state is as begin_tick found it (its token still derives from it)
     UPDATE radix.radix_system_job_state s SET
-        status = CASE WHEN j.schedule_kind = 'at' OR next_planned_ns IS NULL THEN 'complete' ELSE 'scheduled' END,
-        planned_ns = CASE WHEN j.schedule_kind = 'at' OR next_planned_ns IS NULL THEN f.planned_ns
-                          ELSE next_planned_ns END,
-        due_ns = CASE WHEN j.schedule_kind = 'at' OR next_planned_ns IS NULL THEN NULL ELSE next_planned_ns END,
-        attempt = CASE WHEN j.schedule_kind = 'at' OR next_planned_ns IS NULL THEN f.attempt ELSE 0 END,
-        idempotency_key = CASE WHEN j.schedule_kind = 'at' OR next_planned_ns IS NULL THEN f.idempotency_key END,
-        coalesced_ticks = s.coalesced_ticks + CASE WHEN j.schedule_kind = 'every'
-                                                   THEN (f.planned_ns - s.planned_ns) / j.interval_ns ELSE 0 END,
+        (status, planned_ns, due_ns, attempt, idempotency_key) =
+            (SELECT * FROM radix._advanced(j.schedule_kind, next_planned_ns, true, f.planned_ns, f.attempt,
+                                           f.idempotency_key)),
+        coalesced_ticks = s.coalesced_ticks
+                          + radix._ticks_coalesced(j.schedule_kind, s.planned_ns, f.planned_ns, j.interval_ns),
         last_error = NULL, updated_at = clock_timestamp()
     FROM radix.jobs j, radix.attempt_secret k
     WHERE s.job_id = job AND j.job_id = job AND s.status IN ('scheduled', 'retry_wait')
@@ -41,9 +38,7 @@ BEGIN
         -- a history row left 'running' by a lease fenced before (ALTER JOB) belongs to no attempt now (the
         -- same close as claim_due's and claim_tick's, inline: this is the hot path)
         UPDATE radix.radix_system_job_history h SET status = 'lease_lost', finished_at = clock_timestamp(),
-            error = jsonb_build_object('error', 'PL_JOB_ATTEMPT_FAILED', 'kind', 'lease_lost',
-                                       'category', 'connection',
-                                       'detail', jsonb_build_object('reason', 'job redefined'))
+            error = radix._lease_lost(jsonb_build_object('reason', 'job redefined'))
         WHERE h.job_id = job AND h.status = 'running';
         INSERT INTO radix.radix_system_job_history AS h
             (job_id, definition_version, planned_ns, attempt, idempotency_key, status, node, run_kind, atomic,
@@ -94,9 +89,7 @@ BEGIN
     END IF;
     -- a history row still 'running' for the job belongs to no attempt (its state is not running)
     UPDATE radix.radix_system_job_history h SET status = 'lease_lost', finished_at = now_ts,
-        error = jsonb_build_object('error', 'PL_JOB_ATTEMPT_FAILED', 'kind', 'lease_lost',
-                                   'category', 'connection',
-                                   'detail', jsonb_build_object('reason', 'job redefined'))
+        error = radix._lease_lost(jsonb_build_object('reason', 'job redefined'))
     WHERE h.job_id = job AND h.status = 'running'
       AND NOT EXISTS (SELECT 1 FROM radix.radix_system_job_state s
                       WHERE s.job_id = job AND s.status = 'running');
@@ -111,16 +104,15 @@ BEGIN
             lease_token = token,
             lease_expires_at = now_ts + lease,
             due_ns = radix.to_ns(now_ts + lease),
-            coalesced_ticks = s.coalesced_ticks + CASE WHEN j.schedule_kind = 'every'
-                THEN (tick_ns - s.planned_ns) / j.interval_ns ELSE 0 END,
+            coalesced_ticks = s.coalesced_ticks
+                              + radix._ticks_coalesced(j.schedule_kind, s.planned_ns, tick_ns, j.interval_ns),
             updated_at = now_ts
         FROM radix.jobs j
         WHERE s.job_id = job AND j.job_id = job AND s.status IN ('scheduled', 'retry_wait')
           AND s.request_kind IS NULL
           AND radix._tick_token(job, tick_ns, s.attempt, s.updated_at) = token
         RETURNING s.job_id, s.definition_version, s.lease_token, s.planned_ns, s.attempt, s.idempotency_key,
-                  CASE WHEN j.schedule_kind = 'every' THEN (tick_ns - s.planned_ns) / j.interval_ns
-                       ELSE 0 END AS coalesced,
+                  radix._ticks_coalesced(j.schedule_kind, s.planned_ns, tick_ns, j.interval_ns) AS coalesced,
                   s.anchor_ns
     ), started AS (
         INSERT INTO radix.radix_system_job_history
