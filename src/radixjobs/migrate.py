@@ -38,7 +38,7 @@ from radixjobs import routines
 from radixjobs.db import bound_lock_waits, lock_timeout_ms
 from radixjobs.errors import SchemaError
 
-# The advisory key installs used before 0008_locks_notify (the bytes "radixmig" as a big-endian bigint). Nothing takes
+# The advisory key installs once took (the bytes "radixmig" as a big-endian bigint). Nothing takes
 # it any more; kept so tests can show that a role holding it blocks nothing.
 MIGRATION_LOCK_KEY = int.from_bytes(b"radixmig", "big", signed=True)
 # Above this pg_notification_queue_usage() notifications are skipped (radix._hint uses the same level).
@@ -60,7 +60,7 @@ VERSION_PROBE = (
     "pg_catalog.to_regprocedure('radix.schema_version()') IS NOT NULL, "
     "CASE WHEN pg_catalog.to_regclass('radix.schema_migrations') IS NOT NULL "
     "THEN pg_catalog.has_table_privilege('radix.schema_migrations', 'SELECT') END")
-# A schema older than 0009 read by a role that may not read its ledger: older than any code that asks.
+# A schema without radix.schema_version(), read by a role that may not read its ledger: older than any code asks for.
 VERSION_UNKNOWN = 0
 # Does radix.routine_checksum() exist; then: the routines' checksum, for any role.
 CHECKSUM_PROBE = "SELECT pg_catalog.to_regprocedure('radix.routine_checksum()') IS NOT NULL"
@@ -104,8 +104,9 @@ def code_version() -> int:
 def installed_version(conn: psycopg.Connection[Any]) -> int | None:
     """The database's schema version, or None when radixjobs was never installed there.
 
-    Any role may ask: radix.schema_version() (0009 on) reads the ledger for it. Before 0009 only the ledger
-    exists; a role that may not read it learns only that the schema is older than 0009 (VERSION_UNKNOWN).
+    Any role may ask: radix.schema_version() reads the ledger for it. Without that function only the ledger
+    exists; a role that may not read it learns only that the schema is older than any code asks for
+    (VERSION_UNKNOWN).
     """
     # qualified: the connection may be the user's own (``radixjobs sql``), with the user's search_path
     probe = conn.execute(VERSION_PROBE).fetchone()

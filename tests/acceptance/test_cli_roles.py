@@ -227,8 +227,8 @@ def test_history_reads_as_a_table_and_filters(tenants: dict[str, Any], conn: psy
 
 def test_a_schema_older_than_the_version_function_says_so_to_any_role(
         pg: PgCluster, db: str, dbname: str, conn: psycopg.Connection[Any], roles: Any) -> None:
-    """Before 0009 only the ledger holds the version, and only its owner reads it: another role is told
-    the schema is older than this radixjobs needs (not `permission denied`)."""
+    """Without radix.schema_version() only the ledger holds the version, and only its owner reads it: another
+    role is told the schema is older than this radixjobs needs (not `permission denied`)."""
     conn.execute("DROP FUNCTION radix.schema_version() CASCADE")
     conn.execute("DELETE FROM radix.schema_migrations WHERE version >= %s", (migrate.code_version(),))
     done = As(pg, dbname, roles("someone"))("jobs", "list")

@@ -723,7 +723,7 @@ def test_state_history_and_engine_bookkeeping_go_with_the_job(site: Site) -> Non
     add_history(site)
     site.su.execute("INSERT INTO radix.idempotency_keys (idempotency_key, job_id) "
                     "SELECT job_id || '/1', job_id FROM radix.jobs")
-    # a frame left by a non-atomic attempt that never reached its end (0012: no foreign key, a trigger)
+    # a frame left by a non-atomic attempt that never reached its end (no foreign key: the trigger job_dropped)
     site.su.execute("INSERT INTO radix.attempt_frames "
                     "(pid, backend_start, job_id, attempt, planned_ns, idempotency_key, lease_token) "
                     "SELECT -1, now(), job_id, 1, 1, job_id || '/1', gen_random_uuid() FROM radix.jobs")

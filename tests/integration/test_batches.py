@@ -1,4 +1,4 @@
-"""Tick batches through the engine (0015_tick_batches.sql, 0016_batch_end.sql, engine/batches.py): a backlog of
+"""Tick batches through the engine (sql/routines/batch.sql, engine/batches.py): a backlog of
 short ticks of one principal, owner and procedure runs in batches, each tick once; a tick that fails fails
 alone, a procedure that commits inside is run non-atomically, a batch that times out runs its ticks alone,
 and recurring ticks of a batch each advance to their own next tick, each job's history kept at its limit."""
@@ -60,7 +60,7 @@ def test_a_backlog_runs_in_batches_each_tick_once(app: App) -> None:
     assert all([h["status"] for h in app.history(n)] == ["succeeded"] for n in names)
     started = _started(app)
     assert sorted(started.count(s) for s in set(started)) == [1, 8, 32]
-    # each tick's frame (radix.current_*(), read by app.record) is its own, in a batch as alone (0017: a
+    # each tick's frame (radix.current_*(), read by app.record) is its own, in a batch as alone (a
     # batched tick's frame is a setting with a MAC, not a row)
     effects = {e[1]: e for e in app.effects()}
     for tag, name in zip(["lead", *tags], names, strict=True):
@@ -158,7 +158,7 @@ def test_a_batch_leaves_no_frame_whichever_of_its_ticks_fail(app: App, tags: lis
 
 def test_no_routine_on_the_ticks_path_is_planned_at_every_call(app: App) -> None:
     """Before PostgreSQL 18 a SQL-language routine that is not inlined parses and plans its body at every
-    call (0019_plan_cache.sql). With track_functions on for the engine's sessions, a lone tick, a batch and
+    call (the routines' plan_cache_mode). With track_functions on for the engine's sessions, a lone tick, a batch and
     the finds around them call radix routines, none of them such a SQL-language one."""
     app.conn.execute(sql.SQL("ALTER DATABASE {} SET track_functions = 'all'").format(
         sql.Identifier(app.conn.info.dbname)))

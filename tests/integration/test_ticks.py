@@ -1,4 +1,4 @@
-"""The one-transaction tick through the engine (0013_one_transaction_tick.sql, engine/ticks.py): written
+"""The one-transaction tick through the engine (sql/routines/tick.sql, engine/ticks.py): written
 once, run once when two engines find it, published as a lease when it runs long, fenced by ALTER JOB,
 failures and procedures that commit inside recorded on the lease path, requests queued behind it."""
 
@@ -149,7 +149,7 @@ def test_the_finder_probes_the_jobs_it_finds_and_never_reads_them_all(app: App) 
     """radix.find_ticks's generic plan estimated its found set as the deal's shares times their limits and
     joined it to radix.jobs by a hash join over every job: a full scan of radix.jobs at each find (290 ms
     with 1,000,000 jobs; bench/run.py scale). Each tick found is now one probe of the jobs' primary key
-    (0014_finder_plan.sql). The plan is read from auto_explain, not timed."""
+    (sql/routines/finder.sql). The plan is read from auto_explain, not timed."""
     app.conn.execute("SELECT count(radix.create_job('app.c' || g, '{\"every\": \"1 hour\"}', %s, 'app.record', "
                      "'[{\"kind\": \"string\", \"value\": \"x\"}]')) FROM generate_series(1, 2000) g",
                      (app.principal,))
@@ -174,8 +174,8 @@ def test_the_finder_probes_the_jobs_it_finds_and_never_reads_them_all(app: App) 
 @pytest.mark.versions
 def test_the_schedulers_statements_are_never_jit_compiled(app: App) -> None:
     """On a server built with LLVM (the distributions' packages), the finder's generic plan is estimated
-    past jit_above_cost, and compiling it takes far longer than running it; radix's routines set jit = off
-    (0018_jit_off.sql). With every JIT threshold at 0 in the session, no statement of the scheduler's verbs
+    past jit_above_cost, and compiling it takes far longer than running it; every radix routine with settings
+    sets jit = off. With every JIT threshold at 0 in the session, no statement of the scheduler's verbs
     is compiled. The plans are read from auto_explain; a server without JIT cannot show the fault."""
     if not app.conn.execute("SELECT pg_jit_available()").fetchone()[0]:  # type: ignore[index]
         pytest.skip("this server was built without JIT (the distribution's PostgreSQL has it: .ci/run)")

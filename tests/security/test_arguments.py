@@ -1,4 +1,5 @@
-"""No argument value in any query text a principal's session sends (0021, engine/definitions.py).
+"""No argument value in any query text a principal's session sends (sql/routines/tick.sql and batch.sql,
+engine/definitions.py).
 
 pg_stat_activity shows a session's query text to every session of the same role, so code running as a
 principal that two owners share could read the other owner's CALL there. The attacks run through the real path

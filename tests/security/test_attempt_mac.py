@@ -1,7 +1,7 @@
 """The atomic attempt of the lease path is one simple query whose text the procedure and the principal's
 other sessions can read: it carries a MAC of the lease token for the backend that runs it, never the token
-(0012_hot_path.sql, engine/attempt.py). Each attack here reads the MAC through a real path and tries to
-use it: from another session, inside the attempt's own transaction, and on the same backend later. The
+(sql/routines/tokens.sql and lease.sql, engine/attempt.py). Each attack here reads the MAC through a real path
+and tries to use it: from another session, inside the attempt's own transaction, and on the same backend later. The
 jobs run by RUN JOB, whose requests take the lease path; the one-transaction tick's own MAC is attacked in
 test_ticks.py."""
 

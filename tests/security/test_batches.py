@@ -1,10 +1,10 @@
-"""Tick batches (0015_tick_batches.sql to 0017_batch_start.sql, engine/batches.py) share one transaction and one
+"""Tick batches (sql/routines/batch.sql, engine/batches.py) share one transaction and one
 query text among their ticks, so a tick's code can reach the other ticks: their MACs are in current_query(),
 and its SET LOCALs outlive it. The attacks run through the real path (the engine forming batches from a
 backlog): a tick that switches role must not hand that role to the next tick; a tick that reads the MACs of
-the batch and ends the ticks after it (started with the batch, 0017) or a tick before it (run, its marker not
+the batch and ends the ticks after it (started with the batch) or a tick before it (run, its marker not
 yet written) must roll the whole batch back, each tick then run alone, once. A batched tick's frame is a setting
-with a MAC (0017): a procedure that sets it to a frame saved from an earlier batch, or to one it made up, does
+with a MAC: a procedure that sets it to a frame saved from an earlier batch, or to one it made up, does
 not become that tick."""
 
 from __future__ import annotations
@@ -88,7 +88,7 @@ END $$
 
 
 def test_a_tick_that_ends_the_ticks_after_it_in_its_batch_ends_none(app: App, roles: Any, login: Any) -> None:
-    # The ticks after it were started with the batch (radix.start_ticks, 0017): one that the hostile code ends
+    # The ticks after it were started with the batch (radix.start_ticks): one that the hostile code ends
     # (its state advanced) still runs, and end_ticks then finds it no longer as it began: the whole batch
     # rolls back, and each tick runs alone, where the query text carries no other tick's MAC.
     tenant = roles("tenant")

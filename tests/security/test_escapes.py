@@ -68,19 +68,19 @@ LEDGER_WRITES = {
     "begin_attempt with a guessed token": "PERFORM radix.begin_attempt(radix.current_job_id(), gen_random_uuid());",
     "begin_attempt of another job": "PERFORM radix.begin_attempt(job_id, gen_random_uuid()) FROM radix.jobs;",
     "end_attempt of another job": "PERFORM radix.end_attempt('{victim}', gen_random_uuid(), 0, true);",
-    # the one-query attempt (0012; tests/security/test_attempt_mac.py reads and replays a real MAC)
+    # the one-query attempt ( tests/security/test_attempt_mac.py reads and replays a real MAC)
     "begin_atomic with a guessed MAC": "PERFORM radix.begin_atomic(radix.current_job_id(), md5(random()::text));",
     "begin_atomic of another job with the session key": "PERFORM radix.begin_atomic('{victim}', "
                                                          "radix.attempt_session());",
     "end_atomic of another job": "PERFORM radix.end_atomic('{victim}', md5(random()::text), 0);",
-    # the one-transaction tick (0013; tests/security/test_ticks.py reads and replays a real MAC)
+    # the one-transaction tick ( tests/security/test_ticks.py reads and replays a real MAC)
     "begin_tick with a guessed MAC": "PERFORM radix.begin_tick(radix.current_job_id(), 0, md5(random()::text));",
     "begin_tick of another job with the session key": "PERFORM radix.begin_tick('{victim}', 0, "
                                                        "radix.attempt_session());",
     "end_tick of its own tick with a guessed MAC": "PERFORM radix.end_tick(radix.current_job_id(), "
                                                    "md5(random()::text), 0, '41');",
     "end_tick of another job": "PERFORM radix.end_tick('{victim}', md5(random()::text), 0, '41');",
-    # tick batches (0016): start_tick reports its refusal instead of raising it, so the body raises on it
+    # tick batches: start_tick reports its refusal instead of raising it, so the body raises on it
     "start_tick with a guessed MAC": "IF (SELECT s.error_sqlstate FROM radix.start_tick(radix.current_job_id(), 0, "
                                      "md5(random()::text)) s) IS NOT NULL THEN RAISE 'refused'; END IF;",
     "start_tick of another job with the session key": "IF (SELECT s.error_sqlstate FROM radix.start_tick('{victim}', "
@@ -95,7 +95,7 @@ LEDGER_WRITES = {
                                 "ARRAY[0::bigint], ARRAY[1], ARRAY[radix.attempt_session()], "
                                 "ARRAY['CALL app.record(''ran'')'], ARRAY[NULL::bigint], '41') r) IS NOT NULL "
                                 "THEN RAISE 'refused'; END IF;",
-    # 0017: a batch started at once, its ticks' frames a setting with a MAC
+    # a batch started at once, its ticks' frames a setting with a MAC
     "start_ticks of another job with the session key": "IF (SELECT s.error_sqlstate FROM radix.start_ticks("
                                                         "ARRAY['{victim}'::uuid], ARRAY[0::bigint], "
                                                         "ARRAY[radix.attempt_session()]) s) IS NOT NULL THEN "

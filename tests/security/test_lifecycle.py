@@ -1,6 +1,6 @@
-"""Attacks on the lifecycle verbs (0011_lifecycle): RUN JOB, backfill and ALTER JOB ... SET by roles that may
-not, queue floods, forged ticks, and the scheduler-only state (requests, the fence). Each goes through the
-real path: a LOGIN role's own connection calling the public SQL functions or the DDL."""
+"""Attacks on the lifecycle verbs (sql/routines/jobs.sql, requests.sql): RUN JOB, backfill and ALTER JOB ... SET
+by roles that may not, queue floods, forged ticks, and the scheduler-only state (requests, the fence). Each goes
+through the real path: a LOGIN role's own connection calling the public SQL functions or the DDL."""
 
 from __future__ import annotations
 

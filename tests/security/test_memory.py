@@ -256,7 +256,7 @@ def test_a_db_function_result_never_reaches_the_scheduler(results: App) -> None:
 
 def test_an_inout_parameter_left_to_its_default_gets_the_frozen_default(app: App) -> None:
     """PL/pgSQL (which keeps the result on the server) cannot CALL with an omitted INOUT argument; since
-    defaults are frozen at CREATE JOB (0009), the omitted one is stored with its default's value."""
+    defaults are frozen at CREATE JOB, the omitted one is stored with its default's value."""
     app.conn.execute("CREATE PROCEDURE app.d(INOUT x text DEFAULT 'a') LANGUAGE sql AS $$ SELECT 'b' $$")
     app.job(f"CREATE JOB app.d {EVERY_HOUR} RUN AS {{p}} CALL app.d()")
     assert [(a["name"], a["value"]) for a in app.state("app.d")["arguments"]] == [("x", "a")]

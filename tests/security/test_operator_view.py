@@ -1,4 +1,5 @@
-"""The operator's view (0009_roles): who sees every job, document, attempt and node, and that seeing is all.
+"""The operator's view (sql/routines/identity.sql, views.sql): who sees every job, document, attempt and node,
+and that seeing is all.
 
 An operator is a superuser, a role with the privileges (USAGE) of schema radix's owner, or of radix_admin.
 Bare membership (INHERIT FALSE, SET FALSE) is no operator; an operator changes nothing it does not own;

@@ -1,4 +1,4 @@
-"""The one-transaction tick (0013_one_transaction_tick.sql, engine/ticks.py) is one simple query whose text
+"""The one-transaction tick (sql/routines/tick.sql, engine/ticks.py) is one simple query whose text
 the procedure and the principal's other sessions can read: it carries the MAC of the tick's token for the
 backend that runs it, never the token. Each attack reads the MAC through a real path (pg_stat_activity
 from another session of the principal, current_query() inside the procedure) and tries to use it: from

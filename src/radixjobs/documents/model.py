@@ -1,7 +1,7 @@
 """CRON_TABLE documents, pure: validation, the seed's ``_processTask`` decision table, finish planning.
 
 Validation names EVERY problem of a document (and of a list). The database checks the same rules in
-``radix.document_problems`` (migration 0004) with the same texts, so a document written with SQL is
+``radix.document_problems`` (sql/routines/documents.sql) with the same texts, so a document written with SQL is
 held to them too; keep both in step (tests/integration/test_documents.py compares them). Expressions
 are also checked here with pglast, which PostgreSQL does not have: a document written with SQL whose
 expression is refused becomes PASSIVE when the expression is first needed.
