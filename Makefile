@@ -33,9 +33,11 @@ versions: $(STAMP)
 		RADIXJOBS_TEST_PG_BIN=$$bin $(BIN)/pytest -n 2 --dist loadgroup -m versions || exit 1; \
 	done
 
+## ruff, mypy --strict, and the import contracts of pyproject.toml ([tool.importlinter]: layers, no cycles).
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 unit: $(STAMP)
 	$(BIN)/pytest tests/unit

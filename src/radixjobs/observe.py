@@ -1,11 +1,14 @@
 """What the engine and the document scheduler report about their work, besides their counters.
 
-- Latency histograms (pure Python, exported by /metrics: server/http.py): the claim round trip, and an
-  attempt from its start to its finalisation, by outcome (succeeded / retrying / failed).
+- Latency histograms (radixjobs.latency, exported by /metrics: server/http.py): the claim round trip, and
+  an attempt from its start to its finalisation, by outcome (succeeded / retrying / failed).
 - OpenTelemetry (radixjobs.telemetry, the ``otel`` extra): a span per attempt and per document run, and the
   same two histograms as OTel metrics, when the standard ``OTEL_*`` environment asks for an exporter.
 
 Invariants:
+- the engine and the document scheduler never import this module: each declares the hooks it calls
+  (radixjobs.engine.observer, radixjobs.documents.observer) and ``Observer`` here has them all; this module
+  reads their types, never the other way round;
 - nothing here imports opentelemetry; radixjobs.telemetry is imported only when ``otel_requested`` is true
   (OTEL_SDK_DISABLED is not true, and an exporter or an OTLP endpoint is named), so a process that does not
   ask for it never loads the OpenTelemetry packages, installed or not;
@@ -17,13 +20,14 @@ Invariants:
 
 from __future__ import annotations
 
-import bisect
 import importlib
 import logging
 import os
 import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Final, Protocol
+
+from radixjobs.latency import Latencies, attempt_outcome
 
 if TYPE_CHECKING:
     from radixjobs.documents.model import Started
@@ -33,45 +37,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("radixjobs.telemetry")
 
-# Seconds; the same boundaries for Prometheus and OpenTelemetry.
-LATENCY_BUCKETS_S: Final = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
-                            60.0, 300.0, 1800.0)
-ATTEMPT_OUTCOMES: Final = ("succeeded", "retrying", "failed")
 # Any of these set (and OTEL_SDK_DISABLED not true) turns OpenTelemetry on; an endpoint alone means the
 # spec's default exporter, otlp.
 OTEL_REQUEST_VARIABLES: Final = ("OTEL_TRACES_EXPORTER", "OTEL_METRICS_EXPORTER", "OTEL_EXPORTER_OTLP_ENDPOINT",
                                  "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT")
-
-
-class Histogram:
-    """Counts of observations per bucket (upper bounds ``LATENCY_BUCKETS_S``), their sum and number."""
-
-    def __init__(self, bounds: tuple[float, ...] = LATENCY_BUCKETS_S):
-        self.bounds = bounds
-        self.counts = [0] * (len(bounds) + 1)  # the last one: above every bound
-        self.sum = 0.0
-        self.count = 0
-
-    def observe(self, value: float) -> None:
-        self.counts[bisect.bisect_left(self.bounds, value)] += 1
-        self.sum += value
-        self.count += 1
-
-    def cumulative(self) -> list[tuple[float, int]]:
-        """(upper bound, observations at or below it) per bucket, the last bound infinite."""
-        out, total = [], 0
-        for bound, count in zip((*self.bounds, float("inf")), self.counts, strict=True):
-            total += count
-            out.append((bound, total))
-        return out
-
-
-class Latencies:
-    """The daemon's latency histograms (one set for all its databases: labels stay bounded)."""
-
-    def __init__(self) -> None:
-        self.claims = Histogram()
-        self.attempts = {outcome: Histogram() for outcome in ATTEMPT_OUTCOMES}
 
 
 class Tracing(Protocol):
@@ -86,11 +55,6 @@ class Tracing(Protocol):
                      rerun: bool, principals: PrincipalPools) -> None: ...
 
     def close(self) -> None: ...
-
-
-def attempt_outcome(result: str) -> str:
-    """succeeded / retrying / failed, from the engine's result (``failed:data``, …)."""
-    return result.partition(":")[0]
 
 
 class Observer:

@@ -1,7 +1,8 @@
 """OpenTelemetry for the daemon (the ``otel`` extra): spans of attempts and document runs, latency metrics.
 
 Imported only by radixjobs.observe.load_tracing, when the OTEL_* environment asks for it: nothing else
-in radixjobs imports this module or opentelemetry.
+in radixjobs imports this module or opentelemetry. It never imports radixjobs.observe: the bounds and
+outcomes both share are in radixjobs.latency.
 
 - A span ``radixjobs.attempt`` per finalised attempt, from its start to its finalisation (written when it
   ends, with its start and end times), and ``radixjobs.document_run`` per CRON_TABLE run. Attributes are
@@ -40,7 +41,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from radixjobs import retry
 from radixjobs.errors import ConfigError
-from radixjobs.observe import LATENCY_BUCKETS_S, attempt_outcome
+from radixjobs.latency import LATENCY_BUCKETS_S, attempt_outcome
 
 if TYPE_CHECKING:
     from radixjobs.documents.model import Started

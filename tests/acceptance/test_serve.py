@@ -14,7 +14,7 @@ from psycopg.conninfo import make_conninfo
 
 from radixjobs import migrate
 from radixjobs.embedded import EmbeddedServer
-from radixjobs.observe import LATENCY_BUCKETS_S
+from radixjobs.latency import LATENCY_BUCKETS_S
 from tests.acceptance.serving import Serve
 from tests.apps import App
 from tests.support import PgCluster, wait_for

@@ -550,7 +550,7 @@ async def test_an_edit_between_evaluation_and_finish_is_decided_again(tenant: Te
                                                                       clock: Clock) -> None:
     tenant.apply(doc(1))
     async with scheduler(db, clock) as s:
-        evaluate_next = s._next_time
+        evaluate_next = s._finisher.next_time
         calls = []
 
         async def edit_first(plan: Any, state: Any, now: dt.datetime) -> Any:
@@ -559,7 +559,7 @@ async def test_an_edit_between_evaluation_and_finish_is_decided_again(tenant: Te
                 tenant.apply(doc(1, INTERVAL="now() + interval '3 hours'"))
             return await evaluate_next(plan, state, now)
 
-        s._next_time = edit_first  # type: ignore[method-assign]
+        s._finisher.next_time = edit_first  # type: ignore[method-assign]
         assert await s.run_due() == 1
     assert calls == ["now() + interval '1 hour'", "now() + interval '3 hours'"]
     assert tenant.props(1)["NEXT_RUN"] == (T0 + 3 * HOUR).isoformat()

@@ -32,7 +32,8 @@ from psycopg.conninfo import conninfo_to_dict
 from radixjobs import documents
 from radixjobs.documents import DocumentScheduler
 from radixjobs.engine import Engine
-from radixjobs.observe import LATENCY_BUCKETS_S, Latencies, Observer
+from radixjobs.latency import LATENCY_BUCKETS_S, Latencies
+from radixjobs.observe import Observer
 from radixjobs.server import Daemon, DaemonConfig
 from radixjobs.server.http import DaemonCollector
 from radixjobs.telemetry import Telemetry

@@ -11,7 +11,7 @@ from radixjobs.db import scheduler_dsn
 from radixjobs.engine.principals import principal_dsn
 from radixjobs.engine.slots import Slots
 from radixjobs.server import Daemon, DaemonConfig
-from radixjobs.server.daemon import dsn_for_database
+from radixjobs.server.clusters import dsn_for_database
 from radixjobs.server.owner import DatabaseOwner
 
 MULTI = "host=127.0.0.1,127.0.0.1 port=5432,5433 dbname=app user=sched target_session_attrs=read-write"

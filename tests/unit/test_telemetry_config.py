@@ -12,7 +12,8 @@ import pytest
 
 from radixjobs import observe, telemetry
 from radixjobs.errors import ConfigError
-from radixjobs.observe import Histogram, otel_requested
+from radixjobs.latency import Histogram
+from radixjobs.observe import otel_requested
 
 
 @pytest.fixture(autouse=True)

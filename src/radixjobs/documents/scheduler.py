@@ -5,13 +5,23 @@ Shape of :class:`radixjobs.engine.Engine`: ``async with DocumentScheduler(dsn) a
 One check (the seed's reload + ``_processTask``) reads the ACTIVE tasks that are due or record a process
 (``radix.doc_candidates``) and applies the pure decision table ``model.process_task`` to each:
 - run / rerun: ``radix.doc_start`` creates the system process, fenced by the process the decision saw,
-  so two schedulers never start one task twice; then the target runs (DB_FUNCTION on a connection
-  logged in as the principal, CSP_SERVICE in a worker process), ``radix.doc_record`` records its outcome.
-  Nothing runs when doc_start returns a refusal: RUN_AS no longer allowed, or (CSP_SERVICE) the service no
-  longer granted to RUN_AS (``radix.grant_service``); the run then fails with that one-line text;
-- finish (the seed's ``_finishTask``): ``model.plan_finish`` counts errors, the next time is evaluated
-  as the principal (``expression.evaluate``), ``radix.doc_finish`` writes it all in one transaction,
-  fenced by the process and the document version (a concurrent edit makes it decide again).
+  so two schedulers never start one task twice; then the target runs (documents/targets.py: DB_FUNCTION on
+  a connection logged in as the principal, CSP_SERVICE in a worker process), ``radix.doc_record`` records
+  its outcome. Nothing runs when doc_start returns a refusal: RUN_AS no longer allowed, or (CSP_SERVICE)
+  the service no longer granted to RUN_AS (``radix.grant_service``); the run then fails with that one-line
+  text;
+- finish (documents/finish.py, the seed's ``_finishTask``): ``model.plan_finish`` counts errors, the next
+  time is evaluated as the principal (``expression.evaluate``), ``radix.doc_finish`` writes it all in one
+  transaction, fenced by the process and the document version (a concurrent edit makes it decide again).
+
+Invariants:
+- one task is worked on by at most one of this scheduler's asyncio tasks at a time (``_busy``), and by one
+  scheduler of all nodes (the fences of radix.doc_start and radix.doc_finish);
+- at most ``concurrency`` runs at once (``_slots``); one task's failure is logged and recorded as
+  ``last_error``, never stops the scheduler;
+- a process of this node's counts as live exactly while it is in ``_in_flight`` (radix.doc_candidates): one
+  left from a previous life of the node is taken for lost and its task run again;
+- the counters are the fixed set ``COUNTER_KEYS``.
 
 Fairness (radixjobs.fairness): runs are started round-robin among the tasks' principals (RUN_AS), and a
 principal with ``max_per_principal`` runs started or waiting for a slot on this node gets no more.
@@ -25,63 +35,34 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import logging
-import threading
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any, Final
 
 import psycopg
-from psycopg import sql
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
-from radixjobs import retry
 from radixjobs.db import POOL_OPEN_TIMEOUT_S, abound_lock_waits, scheduler_dsn
-from radixjobs.documents import expression, model
+from radixjobs.documents import model
+from radixjobs.documents.finish import REFUSAL_RETRY_S, Finisher
 from radixjobs.documents.model import Candidate, Started
 from radixjobs.documents.services import ServiceRegistry, ServiceSpec
-from radixjobs.documents.services import call as call_service
-from radixjobs.engine.definitions import dollar_quoted
-from radixjobs.engine.nodes import register_node
+from radixjobs.documents.targets import TargetRunner
+from radixjobs.engine.nodes import default_node_id, register_node
 from radixjobs.engine.principals import PrincipalPools
-from radixjobs.engine.runner import default_node_id
 from radixjobs.fairness import fair_order, principal_cap
 from radixjobs.migrate import NOTIFY_QUEUE_LIMIT
 
 if TYPE_CHECKING:
-    from radixjobs.observe import Observer
+    from radixjobs.documents.observer import Observer
 
 log = logging.getLogger("radixjobs.documents")
 
 Clock = Callable[[], dt.datetime]
 COUNTER_KEYS: Final = ("doc_runs", "doc_successes", "doc_failures", "doc_passive", "doc_errors", "doc_restarts")
 MAX_ROUNDS: Final = 100
-# A run started again because its node died may find the killed run's backend still executing the
-# DB_FUNCTION (an orphaned backend notices its client is gone within client_connection_check_interval).
-# The call carries the task in a comment (RUN_TAG, the NUM in hex), and a rerun waits until no backend of
-# the principal is still running a call so tagged, so two runs of one task never overlap. Only sessions
-# logged in as the principal can look like that; no lock another role could take is involved.
-RUN_TAG: Final = "/* radixjobs task {} */"
-STILL_RUNNING: Final = ("SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE usename = %s AND state <> 'idle' "
-                        "AND query LIKE %s)")
-RERUN_POLL_S: Final = 0.05
-# The kind of routine a DB_FUNCTION names, callable with no arguments (every parameter defaulted): in its
-# schema, or else the first schema of the session's path that has one (as PostgreSQL resolves the call,
-# which also refuses an ambiguous one). Sent on the principal's connection: every name qualified.
-ZERO_ARGUMENT_ROUTINE: Final = (
-    "SELECT p.prokind FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace n "
-    "ON n.oid OPERATOR(pg_catalog.=) p.pronamespace "
-    "WHERE p.proname OPERATOR(pg_catalog.=) %s::pg_catalog.name "
-    "AND p.pronargs OPERATOR(pg_catalog.-) p.pronargdefaults OPERATOR(pg_catalog.=) 0 "
-    "AND CASE WHEN %s::pg_catalog.name IS NULL "
-    "THEN n.nspname OPERATOR(pg_catalog.=) ANY (pg_catalog.current_schemas(true)) "
-    "ELSE n.nspname OPERATOR(pg_catalog.=) %s::pg_catalog.name END "
-    "ORDER BY pg_catalog.array_position(pg_catalog.current_schemas(true), n.nspname), "
-    "p.prokind OPERATOR(pg_catalog.<>) 'f' LIMIT 1")
-# A task whose next time cannot be evaluated because RUN_AS cannot log in now (NOLOGIN) is tried again
-# after this long; the failed run counts towards MAX_COUNT_ERROR.
-REFUSAL_RETRY_S: Final = 60.0
 # While the notification queue is half full or more, document changes send no wake-up (radix._hint skips
 # it, so a full queue never fails a write): the scheduler then looks this often instead of every check
 # period, so a change is still picked up within about a second.
@@ -101,15 +82,11 @@ class DocumentScheduler:
                  expression_timeout_ms: int = 1000, hold_node_lock: bool = True, grace_s: float = 10.0,
                  max_per_principal: int | None = None, refusal_retry_s: float = REFUSAL_RETRY_S):
         self.dsn = scheduler_dsn(dsn)
-        self.refusal_retry_s = refusal_retry_s
         self.node_id = node_id or f"{default_node_id()}:docs"
-        self.registry = ServiceRegistry(services, entry_points=entry_points)
+        self.registry = ServiceRegistry(services, entry_points=entry_points)  # replaced on reload (SIGHUP)
         self.clock = clock
         self.check_period_s = check_period_s
         self.reload_period_s = reload_period_s
-        self.db_timeout_s = db_timeout_s
-        self.service_timeout_s = service_timeout_s
-        self.expression_timeout_ms = expression_timeout_ms
         self.hold_node_lock = hold_node_lock
         self.grace_s = grace_s
         self.counters: Counter[str] = Counter(dict.fromkeys(COUNTER_KEYS, 0))
@@ -128,7 +105,10 @@ class DocumentScheduler:
         self._runs_of: Counter[int] = Counter()  # principal oid -> runs started or waiting for a slot
         self._in_flight: set[int] = set()
         self._tasks: set[asyncio.Task[bool]] = set()
-        self._stop_workers = threading.Event()
+        self._targets = TargetRunner(self._pool, self._principals, db_timeout_s=db_timeout_s,
+                                     service_timeout_s=service_timeout_s)
+        self._finisher = Finisher(self._pool, self._principals, self.counters, refusal_retry_s=refusal_retry_s,
+                                  expression_timeout_ms=expression_timeout_ms)
         self.observer: Observer | None = None  # spans of the runs (radixjobs.observe)
 
     async def __aenter__(self) -> DocumentScheduler:
@@ -154,7 +134,7 @@ class DocumentScheduler:
         self.cancel.set()
         if self._tasks:
             _, pending = await asyncio.wait(self._tasks, timeout=self.grace_s)
-            self._stop_workers.set()
+            self._targets.stop_workers.set()
             for task in pending:
                 task.cancel()
             await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -301,13 +281,13 @@ class DocumentScheduler:
             try:
                 log.info("document run start num=%s process=%s kind=%s target=%s node=%s", c.num,
                          started.process_id, started.kind, started.target, self.node_id)
-                error = await self._execute(started, c.num, rerun=action is model.Action.RERUN)
+                error = await self._targets.run(started, c.num, self.registry, rerun=action is model.Action.RERUN)
                 self.counters["doc_failures" if error else "doc_successes"] += 1
                 if error:
                     self._error(c.num, started.process_id, error)
                 finished_at = await self._record(started.process_id, error)
                 if finished_at is not None:
-                    await self._finish(c.num, started.process_id, error, finished_at, finished_at)
+                    await self._finisher.finish(c.num, started.process_id, error, finished_at, finished_at)
                 log.info("document run end num=%s process=%s node=%s outcome=%s", c.num, started.process_id,
                          self.node_id, "failed" if error else "completed")
                 if self.observer is not None:
@@ -322,139 +302,8 @@ class DocumentScheduler:
         assert c.sys_process_id is not None
         assert c.process is not None
         error = None if action is model.Action.FINISH_OK else (c.process.error_text or "the process failed")
-        return await self._finish(c.num, c.sys_process_id, error, None, c.now)
+        return await self._finisher.finish(c.num, c.sys_process_id, error, None, c.now)
 
-    async def _finish(self, num: str, process_id: int, error: str | None, end_at: dt.datetime | None,
-                      now: dt.datetime) -> bool:
-        """Write the finish; retried when the document changed meanwhile. False when nothing was written."""
-        for _ in range(5):
-            async with self._pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
-                await cur.execute("SELECT * FROM radix.doc_finish_state(%s, %s)", (num, process_id))
-                state = await cur.fetchone()
-            if state is None:
-                return False
-            plan = model.plan_finish(state["props"], state["count_error"], error)
-            next_time, reason = await self._next_time(plan, state, now)
-            retry_at = now + dt.timedelta(seconds=self.refusal_retry_s) if model.may_pass(reason) else None
-            settled = model.settle(plan, now, next_time, reason, retry_at=retry_at)
-            async with self._pool.connection() as conn:
-                cur2 = await conn.execute(
-                    "SELECT radix.doc_finish(%s, %s, %s, %s, %s, %s, %s, %s)",
-                    (num, process_id, state["version"], str(settled.status), settled.next_run, plan.count_error,
-                     settled.error_text, end_at or state["process_finished_at"] or now))
-                row = await cur2.fetchone()
-            verdict = row[0] if row else "lost"
-            if verdict == "stale":
-                continue
-            if verdict == "done" and state["status"] == model.Status.ACTIVE:
-                if settled.status is model.Status.PASSIVE:
-                    self.counters["doc_passive"] += 1
-                elif settled.status is model.Status.ERROR:
-                    self.counters["doc_errors"] += 1
-            return verdict == "done"
-        return False
-
-    async def _next_time(self, plan: model.FinishPlan, state: dict[str, Any],
-                         now: dt.datetime) -> tuple[dt.datetime | None, str | None]:
-        """The evaluated next time, or the reason there is none. Connection trouble raises (finish later)."""
-        if plan.expression_name is None:
-            return None, None
-        empty = model.empty_expression_reason(plan)
-        if empty is not None:
-            return None, empty
-        try:
-            checked = expression.check(plan.expression_text)
-        except expression.ExpressionRefused as exc:
-            return None, f"refused: {exc}"
-        if state["refusal"]:
-            return None, f"{model.RUN_AS_REFUSED}: {state['refusal']}"
-        try:
-            async with self._principals.connection(state["principal"]) as conn:
-                value = await expression.evaluate(conn, checked, now, timeout_ms=self.expression_timeout_ms)
-        except expression.EvaluationFailed as exc:
-            return None, f"evaluation failed: {exc}"
-        except psycopg.OperationalError as exc:
-            text = expression.db_error_text(exc)
-            if retry.classify(exc.sqlstate, text).category is not retry.Category.SECURITY:
-                raise  # the database is away: finished by a later check
-            return None, f"{model.RUN_AS_REFUSED}: {text}"
-        return value, None
-
-    async def _execute(self, started: Started, num: str, *, rerun: bool) -> str | None:
-        """Run the target; the one-line error, or None on success."""
-        if started.refusal:
-            return started.refusal
-        if started.kind == "csp":
-            outcome = await call_service(self.registry, started.target, started.params,
-                                          timeout_s=self.service_timeout_s, cancel=self._stop_workers)
-            return outcome.error
-        parts = model.parse_function_name(started.target)
-        if parts is None:
-            return f"DB_FUNCTION {started.target!r} is not a function name"
-        if rerun and await self._previous_run_still_running(started.principal, num):
-            return (f"the previous run of task {num} was still running after {self.db_timeout_s:g} s "
-                    "(its node is gone, its session is not)")
-        try:
-            async with self._principals.connection(started.principal) as conn:
-                return await self._call_function(conn, parts, num)
-        except psycopg.OperationalError as exc:  # the login failed, or the session was lost
-            return expression.db_error_text(exc, prefix=f"RUN_AS {started.principal}: ")
-
-    async def _previous_run_still_running(self, principal: str, num: str) -> bool:
-        """Wait (up to db_timeout_s) until no session of ``principal`` runs a call tagged for task ``num``;
-        True when one still does."""
-        pattern = "%" + RUN_TAG.format(num.encode().hex()) + "%"
-        deadline = time.monotonic() + self.db_timeout_s
-        while True:
-            async with self._pool.connection() as conn:
-                cur = await conn.execute(STILL_RUNNING, (principal, pattern))
-                row = await cur.fetchone()
-            if not (row and row[0]):
-                return False
-            if time.monotonic() >= deadline:
-                return True
-            await asyncio.sleep(RERUN_POLL_S)
-
-    async def _call_function(self, conn: psycopg.AsyncConnection[Any], parts: tuple[str, ...],
-                             num: str) -> str | None:
-        """PERFORM f() or CALL p() in a DO block, by what the name is; bounded by db_timeout_s (then the
-        backend is ended)."""
-        quoted = ".".join('"' + p.replace('"', '""') + '"' for p in parts)
-        schema, name = (None, parts[0]) if len(parts) == 1 else parts
-        try:
-            cur = await conn.execute(ZERO_ARGUMENT_ROUTINE, (name, schema, schema))
-            row = await cur.fetchone()
-        except psycopg.Error as exc:
-            return expression.db_error_text(exc)
-        if row is None:
-            return f"[42883] function {quoted}() does not exist (DB_FUNCTION is called without arguments)"
-        if row[0] not in ("f", "p"):
-            return f"[42809] {quoted}() is an aggregate or window function"
-        # in a DO block, so that nothing the routine returns (a result, a set, an INOUT value) reaches us
-        inner = sql.SQL("BEGIN CALL {}(); END" if row[0] == "p" else "BEGIN PERFORM {}(); END").format(
-            sql.Identifier(*parts)).as_string(None)
-        verb = sql.SQL("DO " + dollar_quoted(inner, "radix_do") + " " + RUN_TAG.format(num.encode().hex()))
-        pid = conn.info.backend_pid
-        call = asyncio.create_task(conn.execute(verb))
-        try:
-            done, _ = await asyncio.wait({call}, timeout=self.db_timeout_s)
-        except asyncio.CancelledError:  # shutting down: never leave the call running behind us
-            await self._terminate(pid, call)
-            raise
-        if not done:
-            await self._terminate(pid, call)
-            return f"DB_FUNCTION timed out after {self.db_timeout_s:g} s: its session was ended"
-        try:
-            call.result()
-        except psycopg.Error as exc:
-            return expression.db_error_text(exc)
-        return None
-
-    async def _terminate(self, pid: int, call: asyncio.Task[Any]) -> None:
-        """End a principal backend from the scheduler's own connection, and wait for its call to fail."""
-        async with self._pool.connection() as control:
-            await control.execute("SELECT pg_catalog.pg_terminate_backend(%s::pg_catalog.int4)", (pid,))
-        await asyncio.gather(call, return_exceptions=True)
 
     # -- database round trips ----------------------------------------------------------------------------
     def _at(self) -> dt.datetime | None:

@@ -2,6 +2,7 @@
 claim → execute as the principal → finalise (the lease path)."""
 
 from radixjobs.engine.attempt import Claim, Outcome
-from radixjobs.engine.runner import Engine, default_node_id
+from radixjobs.engine.nodes import default_node_id
+from radixjobs.engine.runner import Engine
 
 __all__ = ["Claim", "Engine", "Outcome", "default_node_id"]

@@ -39,7 +39,7 @@ from radixjobs.engine.principals import PrincipalPools
 from radixjobs.engine.ticks import CLAIM_TICK, PUBLISH_AFTER_S, RECORD_LOST_TICK, Durations, Tick, tick_query
 
 if TYPE_CHECKING:
-    from radixjobs.observe import Observer
+    from radixjobs.engine.observer import Observer
 
 log = logging.getLogger("radixjobs.engine")
 

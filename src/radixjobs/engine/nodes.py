@@ -31,6 +31,11 @@ WHERE lease_node = %s AND status = 'running' AND lease_expires_at > clock_timest
 REGISTER_TIMEOUT_S = 5.0
 
 
+def default_node_id() -> str:
+    """``host:pid`` of this process: the node id when none is given."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
 async def register_node(dsn: str, node_id: str) -> psycopg.AsyncConnection[Any]:
     """Open the node's control session and register it; ConfigError when the node is alive elsewhere."""
     control = await psycopg.AsyncConnection.connect(scheduler_dsn(dsn), autocommit=True)

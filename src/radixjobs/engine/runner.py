@@ -22,8 +22,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
-import socket
 import time
 import uuid
 from collections import Counter
@@ -51,7 +49,7 @@ from radixjobs.engine.definitions import (
 from radixjobs.engine.dispatch import AFTER_CLAIM, AFTER_FIND, NEXT_DUE, DispatchPolicy
 from radixjobs.engine.execution import Pause
 from radixjobs.engine.leases import DEFAULT_LEASE_S, LeaseKeeper
-from radixjobs.engine.nodes import register_node
+from radixjobs.engine.nodes import default_node_id, register_node
 from radixjobs.engine.planning import plan_cron
 from radixjobs.engine.principals import PrincipalPools
 from radixjobs.engine.slots import Slots
@@ -67,7 +65,7 @@ from radixjobs.engine.ticks import (
 from radixjobs.fairness import LONG_ATTEMPT_S, Reserve, Served, principal_cap
 
 if TYPE_CHECKING:
-    from radixjobs.observe import Observer
+    from radixjobs.engine.observer import Observer
 
 log = logging.getLogger("radixjobs.engine")
 
@@ -78,11 +76,6 @@ MAX_DEFINITION_BYTES = 16 * 1024 * 1024  # … and at most this much of them (Jo
 # The fixed set of counters an engine reports (status and metrics never grow with jobs or errors).
 COUNTER_KEYS = ("claims", "batched_ticks", "successes", "retries", "coalesced_ticks", "ticks_refused",
                 "lease_recoveries", "leases_lost", "terminations", *(f"failures_{c}" for c in retry.Category))
-
-
-
-def default_node_id() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}"
 
 
 class Engine(DispatchPolicy, BatchExecution):

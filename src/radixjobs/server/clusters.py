@@ -23,27 +23,61 @@ import contextlib
 import logging
 import os
 import random
-from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 import psycopg
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from psycopg.conninfo import conninfo_to_dict
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from radixjobs.db import first_line
+from radixjobs import migrate, routines
+from radixjobs.db import first_line, scheduler_dsn
 from radixjobs.engine.slots import Slots
 from radixjobs.errors import ConfigError
 from radixjobs.observe import Observer
-from radixjobs.server.daemon import LIST_DATABASES, DaemonConfig, dsn_for_database, is_ready
+from radixjobs.server.config import DaemonConfig
 from radixjobs.server.owner import DatabaseOwner
-
-if TYPE_CHECKING:
-    from radixjobs.server.daemon import Daemon
 
 log = logging.getLogger("radixjobs.server")
 
 LOOK_TIMEOUT_S = 15.0  # one look at a target (connect, list, probe every database) at most this long
 FIRST_BACKOFF_S = 0.2
+LIST_DATABASES = "SELECT datname FROM pg_database WHERE datallowconn AND NOT datistemplate ORDER BY datname"
+
+
+def dsn_for_database(dsn: str, dbname: str) -> str:
+    params = conninfo_to_dict(dsn)
+    params["dbname"] = dbname
+    return make_conninfo(**params)  # type: ignore[arg-type]
+
+
+async def is_ready(dsn: str, *, unreachable_raises: bool = False) -> bool:
+    """Is radixjobs installed there at exactly this code's schema version and routines? A server that cannot
+    be reached is not ready, or (``unreachable_raises``) raises its psycopg.OperationalError."""
+    try:
+        conn = await psycopg.AsyncConnection.connect(scheduler_dsn(dsn), autocommit=True, connect_timeout=5)
+    except psycopg.OperationalError:
+        if unreachable_raises:
+            raise
+        return False
+    try:
+        async with conn:
+            cur = await conn.execute(migrate.VERSION_PROBE)
+            probe = await cur.fetchone()
+            if not (probe and probe[0]):
+                return False
+            query = migrate.version_query(probe)
+            if query is None:
+                return False
+            cur = await conn.execute(query)
+            row = await cur.fetchone()
+            if not (row and row[0] == migrate.code_version()):
+                return False
+            cur = await conn.execute(migrate.CHECKSUM_QUERY)
+            row = await cur.fetchone()
+    except psycopg.Error:
+        return False
+    return bool(row and row[0] == routines.checksum())
 
 
 def target_label(dsn: str) -> str:
@@ -254,9 +288,9 @@ def make_clusters(config: DaemonConfig, node_slots: Slots) -> list[Cluster]:
             for dsn, label in zip(targets, labels, strict=True)]
 
 
-def cluster_health(daemon: Daemon) -> tuple[bool, str]:
+def cluster_health(clusters: Sequence[Cluster]) -> tuple[bool, str]:
     """/healthz of several targets: ready while at least one serves (degraded, naming the others)."""
-    states = [(cluster, *cluster.health()) for cluster in daemon.clusters]
+    states = [(cluster, *cluster.health()) for cluster in clusters]
     if len(states) == 1:
         return states[0][1], states[0][2]
     down = [f"{cluster.label} ({text.removeprefix('not ready: ')})" for cluster, ok, text in states if not ok]
@@ -267,7 +301,7 @@ def cluster_health(daemon: Daemon) -> tuple[bool, str]:
     return True, "ok"
 
 
-def cluster_metrics(daemon: Daemon) -> Iterable[Metric]:
+def cluster_metrics(clusters: Sequence[Cluster]) -> Iterable[Metric]:
     """Per-target series for /metrics, labelled by the target (bounded: one set per --dsn)."""
     gauges = {"reachable": "1 when the cluster answered the last look", "databases": "Databases served",
               "running_attempts": "Attempts running now", "slots": "Attempt slots of the cluster"}
@@ -277,7 +311,7 @@ def cluster_metrics(daemon: Daemon) -> Iterable[Metric]:
                 for key, text in gauges.items()}
     totals = {key: CounterMetricFamily(f"radixjobs_cluster_{key}", text, labels=["cluster"])
               for key, text in counters.items()}
-    for cluster in daemon.clusters:
+    for cluster in clusters:
         values = cluster.counters()
         families["reachable"].add_metric([cluster.label], 1 if cluster.reachable else 0)
         families["databases"].add_metric([cluster.label], len(cluster.owners))

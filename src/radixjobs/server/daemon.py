@@ -7,87 +7,23 @@ import logging
 import os
 import re
 import signal
-import socket
 import time
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-import psycopg
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
-
-from radixjobs import migrate, observe, retry, routines
+from radixjobs import migrate, observe, retry
 from radixjobs.db import scheduler_dsn
 from radixjobs.documents.scheduler import COUNTER_KEYS as DOCUMENT_COUNTER_KEYS
-from radixjobs.engine.batches import BATCH_MAX
-from radixjobs.engine.leases import DEFAULT_LEASE_S
 from radixjobs.engine.runner import COUNTER_KEYS
 from radixjobs.engine.slots import Slots
-from radixjobs.fairness import LONG_ATTEMPT_S
+from radixjobs.latency import Latencies
+from radixjobs.server.clusters import Cluster, cluster_health, make_clusters
+from radixjobs.server.config import DaemonConfig
 from radixjobs.server.owner import DatabaseOwner
-
-if TYPE_CHECKING:
-    from radixjobs.server.clusters import Cluster
 
 log = logging.getLogger("radixjobs.server")
 
 DOCUMENT_SQLSTATE = re.compile(r"\[([0-9A-Z]{5})\]")
-LIST_DATABASES = "SELECT datname FROM pg_database WHERE datallowconn AND NOT datistemplate ORDER BY datname"
-
-
-@dataclass
-class DaemonConfig:
-    dsn: str
-    all_databases: bool = False
-    node_id: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}")
-    concurrency: int = 32
-    per_database_concurrency: int = 16
-    max_per_principal: int | None = None  # running attempts per principal and database; None: half the above
-    grace_s: float = 30.0
-    poll_s: float = 1.0
-    discovery_s: float = 5.0
-    services: dict[str, str] = field(default_factory=dict)  # CSP services allowed besides entry points
-    lease_s: int = DEFAULT_LEASE_S  # claim lease, renewed every third of it while the attempt runs
-    extra_dsns: list[str] = field(default_factory=list)  # further targets (serve --dsn repeated)
-    per_cluster_concurrency: int | None = None  # slots per target; None: --concurrency split evenly
-    tick_batch: int = BATCH_MAX  # ticks per batch under a backlog (engine/batches.py); 1: each tick alone
-    reserved_slots: int | None = None  # per database: slots long attempts may not hold; None: a quarter
-    long_attempt_s: float = LONG_ATTEMPT_S  # an attempt whose job's timeout is above this is long
-
-
-def dsn_for_database(dsn: str, dbname: str) -> str:
-    params = conninfo_to_dict(dsn)
-    params["dbname"] = dbname
-    return make_conninfo(**params)  # type: ignore[arg-type]
-
-
-async def is_ready(dsn: str, *, unreachable_raises: bool = False) -> bool:
-    """Is radixjobs installed there at exactly this code's schema version and routines? A server that cannot
-    be reached is not ready, or (``unreachable_raises``) raises its psycopg.OperationalError."""
-    try:
-        conn = await psycopg.AsyncConnection.connect(scheduler_dsn(dsn), autocommit=True, connect_timeout=5)
-    except psycopg.OperationalError:
-        if unreachable_raises:
-            raise
-        return False
-    try:
-        async with conn:
-            cur = await conn.execute(migrate.VERSION_PROBE)
-            probe = await cur.fetchone()
-            if not (probe and probe[0]):
-                return False
-            query = migrate.version_query(probe)
-            if query is None:
-                return False
-            cur = await conn.execute(query)
-            row = await cur.fetchone()
-            if not (row and row[0] == migrate.code_version()):
-                return False
-            cur = await conn.execute(migrate.CHECKSUM_QUERY)
-            row = await cur.fetchone()
-    except psycopg.Error:
-        return False
-    return bool(row and row[0] == routines.checksum())
 
 
 def public_error(source: str, record: dict[str, Any]) -> dict[str, str]:
@@ -106,8 +42,6 @@ class Daemon:
     OpenTelemetry (default: as the OTEL_* environment asks, radixjobs.observe.load_tracing)."""
 
     def __init__(self, config: DaemonConfig, tracing: observe.Tracing | None = None):
-        from radixjobs.server.clusters import make_clusters
-
         config.dsn = scheduler_dsn(config.dsn)
         config.extra_dsns = [scheduler_dsn(dsn) for dsn in config.extra_dsns]
         self.config = config
@@ -118,7 +52,7 @@ class Daemon:
         self.last_error: dict[str, Any] | None = None
         self._reload_task: asyncio.Task[None] | None = None
         self.reloader: Callable[[], Coroutine[Any, Any, None]] | None = None  # SIGHUP (server/reload.py)
-        self.latencies = observe.Latencies()  # /metrics' histograms
+        self.latencies = Latencies()  # /metrics' histograms
         self.tracing = tracing if tracing is not None else observe.load_tracing()
         for cluster in self.clusters:
             cluster.observer_for = self._observer
@@ -148,11 +82,9 @@ class Daemon:
     def is_healthy(self) -> tuple[bool, str]:
         """/healthz: serving (PostgreSQL reachable and, for one database, that database served); with
         several targets, while at least one is (server/clusters.py)."""
-        from radixjobs.server.clusters import cluster_health
-
         if self.stopping.is_set():
             return False, "stopping"
-        return cluster_health(self)
+        return cluster_health(self.clusters)
 
     # -- lifecycle -------------------------------------------------------------------------------
     async def run(self) -> None:

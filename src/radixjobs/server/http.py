@@ -22,7 +22,7 @@ from starlette.routing import Route
 
 from radixjobs.documents.scheduler import COUNTER_KEYS as DOCUMENT_COUNTER_KEYS
 from radixjobs.errors import ConfigError
-from radixjobs.observe import Histogram
+from radixjobs.latency import Histogram
 from radixjobs.output import jsonable
 from radixjobs.retry import Category
 from radixjobs.server.clusters import cluster_metrics
@@ -90,11 +90,11 @@ class DaemonCollector(Collector):
         uptime = GaugeMetricFamily("radixjobs_uptime_seconds", "Seconds since the daemon started")
         uptime.add_metric([], status["uptime_s"])
         yield uptime
-        yield from cluster_metrics(self.daemon)
+        yield from cluster_metrics(self.daemon.clusters)
         yield from self.histograms()
 
     def histograms(self) -> Iterable[Metric]:
-        """Latencies (radixjobs.observe; the same as the OpenTelemetry metrics when those are on)."""
+        """Latencies (radixjobs.latency; the same as the OpenTelemetry metrics when those are on)."""
         latencies = self.daemon.latencies
         claims = HistogramMetricFamily("radixjobs_claim_duration_seconds", "Duration of a claim round trip")
         claims.add_metric([], _buckets(latencies.claims), latencies.claims.sum)

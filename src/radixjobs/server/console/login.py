@@ -13,17 +13,37 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, RedirectResponse, Response
 
-from radixjobs.server.console.auth import COOKIE, MAX_ROLE_BYTES, LoginThrottled, Session, check_password_login
+from radixjobs.server.console.auth import (
+    COOKIE,
+    MAX_ROLE_BYTES,
+    ConsoleAuth,
+    LoginThrottled,
+    Session,
+    check_password_login,
+)
 from radixjobs.server.console.forms import read_form
 from radixjobs.server.console.throttle import retry_after
 
 if TYPE_CHECKING:
-    from radixjobs.server.console.app import Console
+    from radixjobs.server.daemon import Daemon
+
+
+class Console(Protocol):
+    """What the login needs of the console (app.Console, which imports this module)."""
+
+    daemon: Daemon
+    auth: ConsoleAuth
+    gate: asyncio.Semaphore
+
+    def databases(self) -> list[str]: ...
+
+    def render(self, request: Request, session: Session | None, name: str, status_code: int = 200,
+               **context: Any) -> Response: ...
 
 
 def role_name_ok(role: str) -> bool:

@@ -1,0 +1,26 @@
+"""What a document scheduler reports about its runs besides its counters: the hook it calls on its observer.
+
+The scheduler declares it here and calls it; radixjobs.observe.Observer is the daemon's implementation
+(a span per run when OpenTelemetry is on). The documents never import radixjobs.observe.
+
+Invariants:
+- the hook is called after the run it reports has ended and its outcome is recorded: it observes, it never
+  decides anything the scheduler does next;
+- the hook must not raise (the daemon's observer logs a failure of its exporter and goes on).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from radixjobs.documents.model import Started
+    from radixjobs.engine.principals import PrincipalPools
+
+
+class Observer(Protocol):
+    """The document scheduler's observer: ``DocumentScheduler.observer`` (None: nothing is observed)."""
+
+    def document_run(self, num: str, started: Started, error: str | None, began: float, rerun: bool,
+                     principals: PrincipalPools) -> None:
+        """A CRON_TABLE run ended (``error`` None: completed); ``began`` is its time.monotonic() start."""
