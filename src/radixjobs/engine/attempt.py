@@ -118,8 +118,16 @@ class Outcome:
     cleaned: bool = False  # the connection was cleaned in the attempt's own query (principals.clean)
     elsewhere: bool = False  # a tick not this backend's to run (RXT01: run elsewhere, or changed): nothing ran
 
+    @classmethod
+    def landed(cls) -> Outcome:
+        """An atomic attempt whose COMMIT landed, its marker with it."""
+        return cls(succeeded=True, atomic=True, finalised=True)
+
 
 Terminate = Callable[[int], Awaitable[None]]
+# Test hook: awaited at "claimed" (before the attempt) and "executed" (before its outcome is recorded), so
+# crash tests can kill the process at exactly those points.
+Pause = Callable[[str], Awaitable[None]]
 
 
 @dataclass(eq=False)

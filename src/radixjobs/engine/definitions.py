@@ -9,6 +9,9 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, LiteralString
 
+from psycopg.rows import dict_row
+from psycopg_pool import AsyncConnectionPool
+
 from radixjobs import schedule
 from radixjobs.model import AtSchedule, CronSchedule, EverySchedule, Schedule
 
@@ -236,3 +239,21 @@ class DefinitionCache:
         if claim_row[CLAIM_COLUMNS] == version and (job_id, version) not in self._entries:
             columns = claim_row[CLAIM_COLUMNS:CLAIM_PRINCIPAL]
             self.put(definition_from_row({"job_id": job_id, **dict(zip(DEFINITION_COLUMNS, columns, strict=True))}))
+
+
+async def load_definition(pool: AsyncConnectionPool[Any], cache: DefinitionCache, job_id: uuid.UUID,
+                          version: int) -> JobDefinition | None:
+    """The definition an attempt runs under (from ``cache``, else loaded and cached); None when the job was
+    dropped."""
+    job = cache.get((job_id, version))
+    if job is None:
+        async with pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
+            await cur.execute(LOAD_DEFINITIONS, ([job_id],))
+            row = await cur.fetchone()
+        if row is None:
+            return None
+        # a newer version than the claim's (ALTER since the claim) runs as the claim was made: a
+        # re-armed job's lease is gone (begin_attempt refuses), a renamed one's is not
+        job = definition_from_row(row)
+        cache.put(job)
+    return job
