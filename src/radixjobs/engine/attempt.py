@@ -6,7 +6,8 @@ simple-protocol query — the procedure's effects and the completion marker comm
 procedure (current_query()) and by the principal's other sessions (pg_stat_activity), so it never carries
 the lease token: it carries the token's MAC for this backend (``attempt_mac``; 0012_hot_path.sql), which
 no other backend can use. On this backend a MAC is good while its token lives, so the engine does not
-reuse the connection for another attempt before the attempt's outcome is recorded (engine.runner).
+reuse the connection for another attempt before the attempt's outcome is recorded
+(principals.PrincipalAttempt).
 A procedure that commits inside fails that with 2D000; it is then run non-atomically (autocommit CALL,
 at-least-once) and the job is flagged ``non_atomic`` so later ticks go straight to that mode.
 The CALL is sent inside a DO block (definitions.build_call): OUT/INOUT results never reach the daemon.
@@ -34,7 +35,7 @@ from radixjobs.db import first_line
 from radixjobs.engine.definitions import JobDefinition
 from radixjobs.engine.principals import clean_statement
 
-NON_ATOMIC_SQLSTATE = "2D000"
+NON_ATOMIC_SQLSTATE = "2D000"  # invalid_transaction_termination: the procedure commits inside
 TICK_ELSEWHERE_SQLSTATE = "RXT01"  # radix.begin_tick: the tick is not this backend's to run
 
 BEGIN_NON_ATOMIC = ("SELECT pg_catalog.set_config('statement_timeout', %s::pg_catalog.text, false), "

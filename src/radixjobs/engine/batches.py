@@ -128,7 +128,7 @@ class BatchRunner:
 
     def __init__(self, node_id: str, tick_batch: int, queue: TickQueue, definitions: DefinitionCache,
                  durations: Durations, principals: PrincipalPools, attempts: AttemptRunner,
-                 recorder: OutcomeRecorder, ticks: TickRunner, inflight: InFlight, cancel: asyncio.Event,
+                 recorder: OutcomeRecorder, tick_runner: TickRunner, inflight: InFlight, cancel: asyncio.Event,
                  pause: Pause | None):
         self.node_id = node_id
         self._node_hex = node_hex(node_id)
@@ -139,7 +139,7 @@ class BatchRunner:
         self._principals = principals
         self._attempts = attempts
         self._recorder = recorder
-        self._ticks = ticks
+        self._tick_runner = tick_runner
         self._inflight = inflight
         self._cancel = cancel
         self._pause = pause
@@ -185,7 +185,7 @@ class BatchRunner:
         """A batch the dispatcher started, in the slot it reserved for its lead."""
         try:
             for item in await self._execute(items):  # not run in the batch: each alone
-                await self._ticks.run_alone(item.job, item.tick, item.next_planned_ns)
+                await self._tick_runner.run_alone(item.job, item.tick, item.next_planned_ns)
         finally:
             self._inflight.ticks_ended([item.tick for item in items])
 
@@ -233,7 +233,8 @@ class BatchRunner:
                 alone.append(item)
                 continue
             outcome = Outcome.landed() if verdict is Verdict.COMMITTED else verdict
-            result = await self._ticks.outcome(conn, item.job, item.tick, item.next_planned_ns, outcome, [], began)
+            result = await self._tick_runner.outcome(conn, item.job, item.tick, item.next_planned_ns, outcome, [],
+                                                     began)
             if result is not None:
                 self._recorder.ended(item.job, tick_claim(item.tick), result, started, item.next_planned_ns)
         return alone

@@ -81,7 +81,7 @@ class Dispatcher:
     def __init__(self, pool: AsyncConnectionPool[Any], node_id: str, *, lease_s: int, max_per_principal: int,
                  reserve: Reserve, served: Served, queue: TickQueue, inflight: InFlight,
                  definitions: DefinitionCache, principals: PrincipalPools, counters: Counter[str],
-                 ticks: TickRunner, batches: BatchRunner, leases: LeaseRunner):
+                 tick_runner: TickRunner, batch_runner: BatchRunner, lease_runner: LeaseRunner):
         self._pool = pool
         self.node_id = node_id
         self.lease_s = lease_s
@@ -93,9 +93,9 @@ class Dispatcher:
         self._definitions = definitions
         self._principals = principals
         self.counters = counters
-        self._ticks = ticks
-        self._batches = batches
-        self._leases = leases
+        self._tick_runner = tick_runner
+        self._batch_runner = batch_runner
+        self._lease_runner = lease_runner
         self.observer: Observer | None = None  # set by the engine (radixjobs.observe)
         self.stopping = False
         self.claim_filled = False  # the last dispatch claimed all it asked for: more may be due at once
@@ -198,7 +198,7 @@ class Dispatcher:
             inflight.leases.add(claim.lease_token)
             long = claim.lease_token in inflight.long_claims
             inflight.long_claims.discard(claim.lease_token)
-            self._spawn(self._leases.run_claim(claim), long=long)
+            self._spawn(self._lease_runner.run_claim(claim), long=long)
         return len(claims)
 
     def _start_ticks(self) -> int:
@@ -216,13 +216,14 @@ class Dispatcher:
         for lead in leads:
             inflight.slots.reserve(1)
             inflight.tick_connections[lead.principal] += 1
-            batch = self._batches.form(lead, now, leads_left)
+            batch = self._batch_runner.form(lead, now, leads_left)
             for tick in [item.tick for item in batch] or [lead]:
                 inflight.ticks[tick.job_id] = tick
                 self.counters["claims"] += 1
                 self.counters["coalesced_ticks"] += tick.coalesced
                 started += 1
-            self._spawn(self._batches.run(batch) if batch else self._ticks.run(lead), long=self._queue.is_long(lead))
+            attempt = self._batch_runner.run(batch) if batch else self._tick_runner.run(lead)
+            self._spawn(attempt, long=self._queue.is_long(lead))
         return started
 
     def _spawn(self, attempt: Awaitable[None], *, long: bool = False) -> None:

@@ -100,19 +100,19 @@ class Engine:
         durations = Durations()  # procedures' last attempts here: only short ones batch
         served = Served()  # the tie-break among principals with as few running (radixjobs.fairness)
         queue = TickQueue(self.reserve, served)  # ticks found, not started (engine/ticks.py)
-        self._recorder = OutcomeRecorder(self._pool, self.node_id, self.counters, self.inflight, self._principals,
-                                         pause)
-        self._leases = LeaseRunner(self._pool, self.node_id, definitions, self._principals, self._attempts,
-                                   self._recorder, self.inflight, self.cancel, pause)
-        self._ticks = TickRunner(self._pool, self.node_id, lease_s, definitions, durations, self._principals,
-                                 self._attempts, self._recorder, self._leases, self.inflight, self.cancel, pause)
-        self._batches = BatchRunner(self.node_id, tick_batch, queue, definitions, durations, self._principals,
-                                    self._attempts, self._recorder, self._ticks, self.inflight, self.cancel, pause)
+        pools, attempts, inflight = self._principals, self._attempts, self.inflight
+        self._recorder = OutcomeRecorder(self._pool, self.node_id, self.counters, inflight, pools, pause)
+        self._lease_runner = LeaseRunner(self._pool, self.node_id, definitions, pools, attempts, self._recorder,
+                                         inflight, self.cancel, pause)
+        self._tick_runner = TickRunner(self._pool, self.node_id, lease_s, definitions, durations, pools, attempts,
+                                       self._recorder, self._lease_runner, inflight, self.cancel, pause)
+        self._batch_runner = BatchRunner(self.node_id, tick_batch, queue, definitions, durations, pools, attempts,
+                                         self._recorder, self._tick_runner, inflight, self.cancel, pause)
         self._dispatcher = Dispatcher(self._pool, self.node_id, lease_s=lease_s,
                                       max_per_principal=self.max_per_principal, reserve=self.reserve, served=served,
-                                      queue=queue, inflight=self.inflight, definitions=definitions,
-                                      principals=self._principals, counters=self.counters, ticks=self._ticks,
-                                      batches=self._batches, leases=self._leases)
+                                      queue=queue, inflight=inflight, definitions=definitions, principals=pools,
+                                      counters=self.counters, tick_runner=self._tick_runner,
+                                      batch_runner=self._batch_runner, lease_runner=self._lease_runner)
         self._lease_keeper = LeaseKeeper(self._pool, self.node_id, lease_s, self.inflight.held_leases,
                                          self._attempts.lose)
 

@@ -46,7 +46,7 @@ class TickRunner:
 
     def __init__(self, pool: AsyncConnectionPool[Any], node_id: str, lease_s: int, definitions: DefinitionCache,
                  durations: Durations, principals: PrincipalPools, attempts: AttemptRunner,
-                 recorder: OutcomeRecorder, leases: LeaseRunner, inflight: InFlight, cancel: asyncio.Event,
+                 recorder: OutcomeRecorder, lease_runner: LeaseRunner, inflight: InFlight, cancel: asyncio.Event,
                  pause: Pause | None):
         self._pool = pool
         self.node_id = node_id
@@ -57,7 +57,7 @@ class TickRunner:
         self._principals = principals
         self._attempts = attempts
         self._recorder = recorder
-        self._leases = leases
+        self._lease_runner = lease_runner
         self._inflight = inflight
         self._cancel = cancel
         self._pause = pause
@@ -89,7 +89,7 @@ class TickRunner:
         node's to run (run elsewhere, or changed since it was found), and nothing is recorded."""
         if job.call is None or job.non_atomic:  # the lease path's own business
             leased = await self._claim_tick(tick, publish=False)
-            return None if leased is None else await self._leases.run_leased(leased)
+            return None if leased is None else await self._lease_runner.run_leased(leased)
         try:
             async with self._principals.attempt(job.principal) as conn:
                 published: list[Claim] = []
