@@ -1,4 +1,14 @@
-"""What the engine needs to run a job: its definition, the CALL statement, the next planned tick."""
+"""What the engine needs to run a job: its definition, the CALL statement, the next planned tick.
+
+Invariants:
+- Definitions are cached by (job, version); an attempt whose version is not cached runs under the definition
+  loaded now (``load_definition``): a job re-armed since its claim is fenced anyway (its lease is gone, and
+  radix.begin_attempt refuses it), a renamed one runs.
+- The CALL names the admitted procedure with quoted identifiers and reads every value on the server, cast
+  to its admitted type (``build_call``, ``build_batch_call``): no value is ever part of the text.
+- The cache of definitions is bounded by count and by estimated bytes (``DefinitionCache``), however many
+  jobs a node runs and however large their arguments.
+"""
 
 from __future__ import annotations
 
