@@ -230,7 +230,7 @@ def test_a_lost_lease_ends_the_attempt_at_once(app: App) -> None:
                                     message="the attempt to run")
             started = time.monotonic()
             await asyncio.to_thread(catalog.alter_job, app.conn, name, enabled=False)
-            await asyncio.wait_for(asyncio.gather(*engine._running), 30)
+            await asyncio.wait_for(asyncio.gather(*engine.inflight.tasks), 30)
             return engine, time.monotonic() - started
 
     engine, took = asyncio.run(go())
@@ -249,7 +249,7 @@ def test_a_running_attempt_keeps_its_lease_past_several_periods(app: App) -> Non
     async def go() -> Engine:
         async with Engine(app.dsn, node_id="keeper", lease_s=3) as engine:
             await engine.dispatch_due()
-            while engine._running:
+            while engine.inflight.tasks:
                 row = app.conn.execute("SELECT lease_expires_at > clock_timestamp() FROM radix.job_overview "
                                        "WHERE status = 'running'").fetchone()
                 expiries.append(row[0] if row else None)

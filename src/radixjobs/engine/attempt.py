@@ -4,9 +4,10 @@ Atomic (the default): ``BEGIN; begin_atomic; CALL; end_atomic(marks the tick don
 simple-protocol query — the procedure's effects and the completion marker commit together or not at all
 (exactly once), and the connection's clean runs only after the commit. The query's text is readable by the
 procedure (current_query()) and by the principal's other sessions (pg_stat_activity), so it never carries
-the lease token: it carries the token's MAC for this backend (``attempt_mac``; 0012_hot_path.sql), which
+the lease token: it carries the token's MAC for this backend (``radix._attempt_mac``, sql/routines/tokens.sql), which
 no other backend can use. On this backend a MAC is good while its token lives, so the engine does not
-reuse the connection for another attempt before the attempt's outcome is recorded (engine.runner).
+reuse the connection for another attempt before the attempt's outcome is recorded
+(principals.PrincipalAttempt).
 A procedure that commits inside fails that with 2D000; it is then run non-atomically (autocommit CALL,
 at-least-once) and the job is flagged ``non_atomic`` so later ticks go straight to that mode.
 The CALL is sent inside a DO block (definitions.build_call): OUT/INOUT results never reach the daemon.
@@ -34,7 +35,7 @@ from radixjobs.db import first_line
 from radixjobs.engine.definitions import JobDefinition
 from radixjobs.engine.principals import clean_statement
 
-NON_ATOMIC_SQLSTATE = "2D000"
+NON_ATOMIC_SQLSTATE = "2D000"  # invalid_transaction_termination: the procedure commits inside
 TICK_ELSEWHERE_SQLSTATE = "RXT01"  # radix.begin_tick: the tick is not this backend's to run
 
 BEGIN_NON_ATOMIC = ("SELECT pg_catalog.set_config('statement_timeout', %s::pg_catalog.text, false), "
@@ -118,8 +119,16 @@ class Outcome:
     cleaned: bool = False  # the connection was cleaned in the attempt's own query (principals.clean)
     elsewhere: bool = False  # a tick not this backend's to run (RXT01: run elsewhere, or changed): nothing ran
 
+    @classmethod
+    def landed(cls) -> Outcome:
+        """An atomic attempt whose COMMIT landed, its marker with it."""
+        return cls(succeeded=True, atomic=True, finalised=True)
+
 
 Terminate = Callable[[int], Awaitable[None]]
+# Test hook: awaited at "claimed" (before the attempt) and "executed" (before its outcome is recorded), so
+# crash tests can kill the process at exactly those points.
+Pause = Callable[[str], Awaitable[None]]
 
 
 @dataclass(eq=False)

@@ -1,18 +1,18 @@
-"""Tick batches (0015_tick_batches.sql to 0017_batch_start.sql): under a backlog, up to ``BATCH_MAX``
+"""Tick batches (sql/routines/batch.sql): under a backlog, up to ``BATCH_MAX``
 one-transaction ticks of one principal, one owner and one procedure run in one transaction on one principal
 connection, ``BEGIN; SELECT … FROM radix.run_ticks(…); COMMIT;`` and the connection's clean, one simple query.
 
 Invariants:
 - A batch forms only from a backlog: the queue deals due ticks to free slots first (engine/ticks.py), and a
   batch takes only due ticks left over, so a tick that could start alone never waits for company. The
-  leftovers of a principal are dealt evenly among the batches its ticks lead (_batch_with).
+  leftovers of a principal are dealt evenly among the batches its ticks lead (``BatchRunner.form``).
 - The batch's ticks are started at once (radix.start_ticks: their locks and checks), then each tick runs in
   its own subtransaction of radix.run_ticks, its frame (radix.current_*()) in the setting ``radix.tick``
   with a MAC for this transaction: its procedure commits with the batch, or rolls back alone; the ticks
   that ran get their markers at the end of the same statement (radix.end_ticks, one UPDATE and one INSERT
   for all), so a tick's procedure and its marker commit together or not at all.
   run_ticks' row per tick says which step failed (PL/pgSQL variables, out of the procedures' reach); after
-  the COMMIT a failed tick takes the lone tick's way for a failure (``_tick_outcome``: a lease of that tick,
+  the COMMIT a failed tick takes the lone tick's way for a failure (``TickRunner.outcome``: a lease of that tick,
   then its outcome recorded), on the same connection.
 - A batch that did not commit (its statement timeout, the smallest of its ticks', or a cancel aborts it
   whole, as does a tick changed under it; one still running after ``BATCH_RUN_S`` is cancelled) left every
@@ -32,8 +32,10 @@ Invariants:
 
 from __future__ import annotations
 
-import contextlib
+import asyncio
 import datetime
+import enum
+import logging
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -42,18 +44,22 @@ from typing import Any
 import psycopg
 
 from radixjobs.db import first_line
-from radixjobs.engine.attempt import TICK_ELSEWHERE_SQLSTATE, Outcome, attempt_mac, cleaned
+from radixjobs.engine.attempt import TICK_ELSEWHERE_SQLSTATE, AttemptRunner, Outcome, Pause, attempt_mac, cleaned
 from radixjobs.engine.definitions import DefinitionCache, JobDefinition, dollar_quoted
-from radixjobs.engine.execution import Execution, log, tick_claim
-from radixjobs.engine.principals import clean_statement
-from radixjobs.engine.ticks import PUBLISH_AFTER_S, Tick, TickQueue
+from radixjobs.engine.inflight import InFlight
+from radixjobs.engine.outcomes import OutcomeRecorder
+from radixjobs.engine.principals import LoginFailed, PrincipalPools, clean_statement
+from radixjobs.engine.tick_runner import TickRunner
+from radixjobs.engine.ticks import PUBLISH_AFTER_S, Durations, Tick, TickQueue, node_hex, tick_claim
+
+log = logging.getLogger("radixjobs.engine")
 
 # Ticks per batch by default (serve --tick-batch), and at most: each tick's CALL is a subtransaction, and a
 # transaction's backend keeps the XIDs of up to 64 in shared memory, past which every snapshot taken
 # elsewhere while it runs must look in pg_subtrans (suboverflow); 32 leaves the procedures room for theirs.
 BATCH_MAX = 32
 BATCH_RUN_S = PUBLISH_AFTER_S  # a batch still running after this is cancelled, its ticks run alone
-NOT_RUN_SQLSTATE = "RXT02"  # radix.run_ticks: the session's role changed, the tick was not started
+ROLE_CHANGED_SQLSTATE = "RXT02"  # radix.run_ticks: the session's role changed, the tick was not started
 
 # Every value is a quoted literal of digits, hex or a UUID with an explicit cast (as engine/ticks.py); each
 # CALL (definitions.build_batch_call: no DO block) is a dollar-quoted constant. The batch is one statement,
@@ -65,6 +71,25 @@ RUN_TICKS = ("SELECT r.failed_at, r.error_sqlstate, r.error_message FROM radix.r
              "ARRAY[{attempts}]::pg_catalog.int4[], ARRAY[{macs}]::pg_catalog.text[], "
              "ARRAY[{calls}]::pg_catalog.text[], ARRAY[{nexts}]::pg_catalog.int8[], '{node}'::pg_catalog.text) r; ")
 RUN_TICKS_RESULT = 2  # the results: BEGIN, the timeout, run_ticks' rows (one per tick, in order), COMMIT, the clean
+
+
+class Verdict(enum.Enum):
+    """What became of a batch's tick when it did not fail in the batch."""
+
+    COMMITTED = enum.auto()  # it ran, and its marker committed with the batch
+    ALONE = enum.auto()  # it did not run in the batch, or did not commit with it: it runs alone
+
+
+def tick_verdict(row: tuple[Any, ...]) -> Verdict | Outcome:
+    """A tick's row of radix.run_ticks (failed_at, error_sqlstate, error_message) as a verdict, or as the
+    outcome of its failure."""
+    failed_at, sqlstate, message = row[:3]
+    if failed_at is None:
+        return Verdict.COMMITTED
+    if failed_at == "begin" and sqlstate == ROLE_CHANGED_SQLSTATE:
+        return Verdict.ALONE
+    return Outcome(False, True, False, sqlstate=sqlstate, message=str(message or ""),
+                   elsewhere=failed_at == "begin" and sqlstate == TICK_ELSEWHERE_SQLSTATE)
 
 
 @dataclass(frozen=True)
@@ -97,24 +122,39 @@ def batch_query(items: list[BatchItem], session_key: bytes, node_hex: str) -> by
                      clean_statement()))
 
 
-class BatchExecution(Execution):
-    """The batches of an Engine: forming them from its queue, running them, and each tick's outcome."""
+class BatchRunner:
+    """Forms batches from the queue of found ticks (for the dispatcher), runs them, and has each tick's
+    outcome recorded as a lone tick's (TickRunner.outcome)."""
 
-    _queue: TickQueue
-    _definitions: DefinitionCache
-    tick_batch: int
+    def __init__(self, node_id: str, tick_batch: int, queue: TickQueue, definitions: DefinitionCache,
+                 durations: Durations, principals: PrincipalPools, attempts: AttemptRunner,
+                 recorder: OutcomeRecorder, tick_runner: TickRunner, inflight: InFlight, cancel: asyncio.Event,
+                 pause: Pause | None):
+        self.node_id = node_id
+        self._node_hex = node_hex(node_id)
+        self.tick_batch = tick_batch  # ticks per batch; 1: each alone
+        self._queue = queue
+        self._definitions = definitions
+        self._durations = durations
+        self._principals = principals
+        self._attempts = attempts
+        self._recorder = recorder
+        self._tick_runner = tick_runner
+        self._inflight = inflight
+        self._cancel = cancel
+        self._pause = pause
+        self.counters = recorder.counters
 
     def _batchable(self, job: JobDefinition | None) -> bool:
         return (job is not None and job.batch_call is not None and not job.non_atomic
                 and self._durations.short(job.signature))
 
-    def _batch_with(self, lead: Tick, now: float, leads_left: Counter[int]) -> list[BatchItem]:
+    def form(self, lead: Tick, now: float, leads_left: Counter[int]) -> list[BatchItem]:
         """A batch led by ``lead``: the due ticks still queued of the same principal, owner and procedure,
         long as the lead is or short as it is (the batch holds the lead's slot, and its ticks not run in it
         then run alone there), an even share of them among the ``leads_left`` of that principal (this one
-        included), up to
-        ``tick_batch`` in all and to what fits the procedure's BATCH_BUDGET_MS (none when ``lead`` may not
-        run in a batch or has no company)."""
+        included), up to ``tick_batch`` in all and to what fits the procedure's BATCH_BUDGET_MS (none when
+        ``lead`` may not run in a batch or has no company)."""
         leads = leads_left[lead.principal]
         leads_left[lead.principal] -= 1
         job = self._definitions.get((lead.job_id, lead.definition_version))
@@ -141,70 +181,60 @@ class BatchExecution(Execution):
         return [BatchItem(members[t.job_id], t, members[t.job_id].next_planned_after(t.planned_ns, t.anchor_ns))
                 for t in [lead, *others]]
 
-    async def _run_batch(self, items: list[BatchItem]) -> None:
+    async def run(self, items: list[BatchItem]) -> None:
+        """A batch the dispatcher started, in the slot it reserved for its lead."""
         try:
-            for item in await self._execute_batch(items):  # not run in the batch: each alone
-                await self._tick_alone(item.job, item.tick, item.next_planned_ns)
+            for item in await self._execute(items):  # not run in the batch: each alone
+                await self._tick_runner.run_alone(item.job, item.tick, item.next_planned_ns)
         finally:
-            self._done_ticking([item.tick for item in items])
+            self._inflight.ticks_ended([item.tick for item in items])
 
-    async def _execute_batch(self, items: list[BatchItem]) -> list[BatchItem]:
+    async def _execute(self, items: list[BatchItem]) -> list[BatchItem]:
         """Run the batch and record each tick's outcome; returns the ticks to run alone."""
         job = items[0].job
         started = time.monotonic()
         if self._pause:
             await self._pause("claimed")
-        async with contextlib.AsyncExitStack() as stack:
-            try:
-                conn = await stack.enter_async_context(self._principals.connection(job.principal))
-            except psycopg.OperationalError as exc:  # could not log in: each tick fails alone, as it would
-                log.debug("batch not run node=%s: %s", self.node_id, first_line(exc))
-                return items
-            began = datetime.datetime.now(datetime.UTC)
-            query = batch_query(items, self._principals.session_key(conn), self._node_hex)
-            sent = time.monotonic()
-            outcome, cur = await self._runner.run_batch(conn, query, BATCH_RUN_S, self.cancel)
-            elapsed_ms = (time.monotonic() - sent) * 1000
-            rows: list[tuple[Any, ...] | None] = []
-            if cur is None:
-                self._durations.note(job.signature, elapsed_ms)  # too slow, or failed whole: alone next
-                if self.cancel.is_set():  # shutting down: the ticks stay due, for the next node or start
-                    return []
-                if not outcome.in_doubt:  # rolled back: nothing of it committed
-                    return items
-                for item in items:  # a tick without its marker did not commit: it runs alone
-                    committed = await self._committed(tick_claim(item.tick))
-                    rows.append((None, None, None) if committed else ("begin", NOT_RUN_SQLSTATE, ""))
-            else:
-                self._durations.note(job.signature, elapsed_ms / len(items))
-                if await cleaned(cur):
-                    self._principals.mark_clean(conn)
-                rows.extend(await (await cur.set_result(RUN_TICKS_RESULT)).fetchall())
-            try:
-                return await self._record(conn, items, rows, began, started)
-            except BaseException:
-                await conn.close()
-                raise
-        raise AssertionError("unreachable")  # pragma: no cover (mypy: the exit stack swallows nothing)
+        try:
+            async with self._principals.attempt(job.principal) as conn:
+                began = datetime.datetime.now(datetime.UTC)
+                query = batch_query(items, self._principals.session_key(conn), self._node_hex)
+                sent = time.monotonic()
+                outcome, cur = await self._attempts.run_batch(conn, query, BATCH_RUN_S, self._cancel)
+                elapsed_ms = (time.monotonic() - sent) * 1000
+                if cur is None:
+                    self._durations.note(job.signature, elapsed_ms)  # too slow, or failed whole: alone next
+                    if self._cancel.is_set():  # shutting down: the ticks stay due, for the next node or start
+                        return []
+                    if not outcome.in_doubt:  # rolled back: nothing of it committed
+                        return items
+                    # a tick without its marker did not commit: it runs alone
+                    verdicts: list[Verdict | Outcome] = [
+                        Verdict.COMMITTED if await self._recorder.committed(item.tick.job_id, item.tick.planned_ns,
+                                                                            item.tick.attempt) else Verdict.ALONE
+                        for item in items]
+                else:
+                    self._durations.note(job.signature, elapsed_ms / len(items))
+                    if await cleaned(cur):
+                        self._principals.mark_clean(conn)
+                    verdicts = [tick_verdict(row) for row in await (await cur.set_result(RUN_TICKS_RESULT)).fetchall()]
+                return await self._record(conn, items, verdicts, began, started)
+        except LoginFailed as failed:  # could not log in: each tick fails alone, as it would
+            log.debug("batch not run node=%s: %s", self.node_id, first_line(failed.error))
+            return items
 
     async def _record(self, conn: psycopg.AsyncConnection[Any], items: list[BatchItem],
-                      rows: list[tuple[Any, ...] | None], began: datetime.datetime,
+                      verdicts: list[Verdict | Outcome], began: datetime.datetime,
                       started: float) -> list[BatchItem]:
         """Each tick's outcome as run_ticks reported it, recorded as a lone tick's; returns those not run."""
         alone: list[BatchItem] = []
-        for item, row in zip(items, rows, strict=True):
-            failed_at, sqlstate, message = row[:3] if row is not None else ("begin", NOT_RUN_SQLSTATE, "")
-            if failed_at is None:
-                outcome = Outcome(succeeded=True, atomic=True, finalised=True)
-            elif failed_at == "begin" and sqlstate == NOT_RUN_SQLSTATE:
+        for item, verdict in zip(items, verdicts, strict=True):
+            if verdict is Verdict.ALONE:
                 alone.append(item)
                 continue
-            else:
-                outcome = Outcome(False, True, False, sqlstate=sqlstate, message=str(message or ""),
-                                  elsewhere=failed_at == "begin" and sqlstate == TICK_ELSEWHERE_SQLSTATE)
-            claim = tick_claim(item.tick)
-            result = await self._tick_outcome(conn, item.job, item.tick, claim, item.next_planned_ns, outcome,
-                                              [], began)
+            outcome = Outcome.landed() if verdict is Verdict.COMMITTED else verdict
+            result = await self._tick_runner.outcome(conn, item.job, item.tick, item.next_planned_ns, outcome, [],
+                                                     began)
             if result is not None:
-                self._attempt_logged(item.job, claim, result, started, item.next_planned_ns)
+                self._recorder.ended(item.job, tick_claim(item.tick), result, started, item.next_planned_ns)
         return alone

@@ -1,4 +1,14 @@
-"""What the engine needs to run a job: its definition, the CALL statement, the next planned tick."""
+"""What the engine needs to run a job: its definition, the CALL statement, the next planned tick.
+
+Invariants:
+- Definitions are cached by (job, version); an attempt whose version is not cached runs under the definition
+  loaded now (``load_definition``): a job re-armed since its claim is fenced anyway (its lease is gone, and
+  radix.begin_attempt refuses it), a renamed one runs.
+- The CALL names the admitted procedure with quoted identifiers and reads every value on the server, cast
+  to its admitted type (``build_call``, ``build_batch_call``): no value is ever part of the text.
+- The cache of definitions is bounded by count and by estimated bytes (``DefinitionCache``), however many
+  jobs a node runs and however large their arguments.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +18,9 @@ import uuid
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, LiteralString
+
+from psycopg.rows import dict_row
+from psycopg_pool import AsyncConnectionPool
 
 from radixjobs import schedule
 from radixjobs.model import AtSchedule, CronSchedule, EverySchedule, Schedule
@@ -236,3 +249,21 @@ class DefinitionCache:
         if claim_row[CLAIM_COLUMNS] == version and (job_id, version) not in self._entries:
             columns = claim_row[CLAIM_COLUMNS:CLAIM_PRINCIPAL]
             self.put(definition_from_row({"job_id": job_id, **dict(zip(DEFINITION_COLUMNS, columns, strict=True))}))
+
+
+async def load_definition(pool: AsyncConnectionPool[Any], cache: DefinitionCache, job_id: uuid.UUID,
+                          version: int) -> JobDefinition | None:
+    """The definition an attempt runs under (from ``cache``, else loaded and cached); None when the job was
+    dropped."""
+    job = cache.get((job_id, version))
+    if job is None:
+        async with pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
+            await cur.execute(LOAD_DEFINITIONS, ([job_id],))
+            row = await cur.fetchone()
+        if row is None:
+            return None
+        # a newer version than the claim's (ALTER since the claim) runs as the claim was made: a
+        # re-armed job's lease is gone (begin_attempt refuses), a renamed one's is not
+        job = definition_from_row(row)
+        cache.put(job)
+    return job

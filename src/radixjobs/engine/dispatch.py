@@ -1,27 +1,65 @@
-"""When an engine looks for work and what it may take (engine/runner.py's Engine): its next dispatch, and
-the limits it passes to the finder and the claim (no I/O here: the probes' texts and their parameters).
+"""When an engine looks for work, what a look may take, and starting what it found in free slots (an
+engine's dispatcher, composed by engine/runner.py), with the policy itself in radixjobs.fairness.
+
+Two looks, each one round trip on the scheduler's pool:
+- ``find_ticks`` (engine/ticks.py): a batch of due ticks, and whether the lease path has work; writes no
+  tuple, so a tick found is not held: the queue of found ticks is only this node's plan, replaced at the
+  next find, and a tick's own transaction is its fence (radix.begin_tick). Its ticks start alone (the tick
+  runner) or, from a backlog, in batches (the batch runner).
+- ``claim_due``: a conditional update decided by the database clock (radix.claim_due), for the lease path
+  (non-atomic and cron jobs, requests, resumed claims); cron ticks are computed here (Python), coalesced to
+  the latest due one, and stored (``plan_cron``). Its claims start on the lease runner.
 
 Invariants:
+- Every attempt started holds one slot of InFlight.slots (a reservation within its parent's: the cluster's
+  or the node's), reserved before its claim or start and released when its task is done; a claim never
+  asks for more ticks than slots were reserved, and gives back the slots of ticks it did not get.
 - Long attempts (a job timeout above ``Reserve.long_ms``) running here, and long claims made and not yet
   started, never exceed ``Reserve.long_cap``: every claim is told how many more it may take (``max_long``),
   the queue of found ticks starts no more, and the next-due probe leaves long ticks out while none may
   start, so a node whose long slots are full does not wake for them.
 - A tick not queued is looked for at its time, however long the queued ones wait (a cap, or long slots):
   the earliest due one as of the last look, when that was beyond the finder's horizon, and the next tick of
-  each job whose attempt ended here (``ahead``).
+  each job whose attempt ended here (InFlight.ahead).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
-import uuid
-from typing import Any
+from collections import Counter
+from collections.abc import Awaitable
+from typing import TYPE_CHECKING, Any
 
-from radixjobs.engine.planning import CRON_DUE
-from radixjobs.engine.ticks import FIND_AHEAD_S, HORIZON_MS, TickQueue, wake_in
+from psycopg.rows import dict_row
+from psycopg_pool import AsyncConnectionPool
+
+from radixjobs.engine.attempt import Claim
+from radixjobs.engine.batches import BatchRunner
+from radixjobs.engine.definitions import (
+    CLAIM,
+    CLAIM_COLUMNS,
+    CLAIM_DEADLINE,
+    CLAIM_PRINCIPAL,
+    LOAD_DEFINITIONS,
+    DefinitionCache,
+    definition_from_row,
+)
+from radixjobs.engine.inflight import InFlight
+from radixjobs.engine.lease_runner import LeaseRunner
+from radixjobs.engine.planning import CRON_DUE, plan_cron
+from radixjobs.engine.principals import PrincipalPools
+from radixjobs.engine.tick_runner import TickRunner
+from radixjobs.engine.ticks import FIND_AHEAD_S, FIND_BATCH, FIND_TICKS, HORIZON_MS, Tick, TickQueue, wake_in
 from radixjobs.fairness import Reserve, Served
 
+if TYPE_CHECKING:
+    from radixjobs.engine.observer import Observer
+
+log = logging.getLogger("radixjobs.engine")
+
+CLAIM_BATCH = 64
 # Seconds until the next tick this engine's claim could take: a principal at its cap has nothing due
 # until one of its attempts ends, nor a long tick while no long attempt may start here (radix.next_due_in).
 NEXT_DUE_IN = "radix.next_due_in(%s::pg_catalog.int4, %s::pg_catalog.int4)"
@@ -36,20 +74,212 @@ AFTER_FIND = ("SELECT " + NEXT_DUE_IN + ", radix.lease_work_due(%s::pg_catalog.t
               "FROM (SELECT pg_catalog.clock_timestamp() AS began OFFSET 0) t")
 
 
-class DispatchPolicy:
-    """What an Engine provides, then its timing and limits."""
+class Dispatcher:
+    """Looks for due work and starts it: lone ticks and batches from the queue of found ticks, claims of
+    the lease path; each in a slot, as a task of InFlight."""
 
-    node_id: str
-    lease_s: int
-    max_per_principal: int
-    reserve: Reserve
-    ahead: float | None
-    _queue: TickQueue
-    _ticking_by: dict[int, int]
-    _served: Served
-    _long: set[asyncio.Task[None]]
-    _long_claims: set[uuid.UUID]
-    _due: tuple[float, float] | None
+    def __init__(self, pool: AsyncConnectionPool[Any], node_id: str, *, lease_s: int, max_per_principal: int,
+                 reserve: Reserve, served: Served, queue: TickQueue, inflight: InFlight,
+                 definitions: DefinitionCache, principals: PrincipalPools, counters: Counter[str],
+                 tick_runner: TickRunner, batch_runner: BatchRunner, lease_runner: LeaseRunner):
+        self._pool = pool
+        self.node_id = node_id
+        self.lease_s = lease_s
+        self.max_per_principal = max_per_principal
+        self.reserve = reserve  # docs/security.md "Fair claims"
+        self._served = served  # the tie-break among principals with as few running (radixjobs.fairness)
+        self._queue = queue  # ticks found, not started (engine/ticks.py)
+        self._inflight = inflight
+        self._definitions = definitions
+        self._principals = principals
+        self.counters = counters
+        self._tick_runner = tick_runner
+        self._batch_runner = batch_runner
+        self._lease_runner = lease_runner
+        self.observer: Observer | None = None  # set by the engine (radixjobs.observe)
+        self.stopping = False
+        self.claim_filled = False  # the last dispatch claimed all it asked for: more may be due at once
+        self._due: tuple[float, float] | None = None  # (seconds until due, monotonic time measured)
+        self._lease_due = True  # the lease path may have work (radix.lease_work_due): claim_due's turn
+        self._find_now = False  # a notification came: find ticks even if some are queued
+
+    # -- the verbs -------------------------------------------------------------------------------------
+    async def dispatch_due(self) -> int:
+        """Start due work in the free slots; returns how many attempts started. Ticks come from the queue,
+        found again when it is empty or stale (one round trip, which also says whether the lease path has
+        work); then, when it has, claim_due for the lease path. Ticks are found again sooner when one due
+        was not queued (_unqueued_due)."""
+        self.claim_filled = False
+        if self.stopping:
+            return 0
+        # a queue past its time is found again before it deals: a principal whose tick came due since the
+        # last find competes for the free slots (those may have been busy for long: a turnover)
+        stale = self._queue.stale(time.monotonic(), self._inflight.tick_connections, self.max_per_principal)
+        started = 0 if stale else self._start_ticks()
+        now = time.monotonic()
+        slots = self._inflight.slots
+        if slots.free > 0 and (stale or self._find_now or not len(self._queue) or self._unqueued_due(now)):
+            if started:
+                await asyncio.sleep(0)  # the ticks just started send their queries before the find's
+            await self._find_ticks()
+            started += self._start_ticks()
+        if self._lease_due and slots.free > 0:
+            started += await self._dispatch_claims()
+        self.claim_filled = self.claim_filled or (self._queue.full and not len(self._queue))
+        return started
+
+    async def claim_due(self, limit: int) -> list[Claim]:
+        """Claim up to ``limit`` due ticks. One round trip (the claim, then the next due time and whether
+        cron ticks await planning, pipelined) unless cron ticks need planning: the first claim leaves
+        them alone; they are planned (missed ones coalesced), then claimed. A cron tick never runs stale.
+        No more of them are long than may start here (the lease tokens of those are in long_claims)."""
+        began = time.monotonic()
+        long_limit = self._long_limit(limit)
+        async with self._pool.connection() as conn:
+            async with conn.pipeline():
+                claim_cur = await conn.execute(CLAIM, self._claim_params(limit, False, long_limit))
+                after_cur = await conn.execute(AFTER_CLAIM, self._next_due_params())
+            rows = await claim_cur.fetchall()
+            after = await after_cur.fetchone()
+            if after and after[1] and len(rows) < limit:
+                self.counters["coalesced_ticks"] += await plan_cron(conn)
+                if long_limit is not None:
+                    long_limit -= sum(self.reserve.is_long(int(row[CLAIM_DEADLINE])) for row in rows)
+                cur = await conn.execute(CLAIM, self._claim_params(limit - len(rows), True, long_limit))
+                rows += await cur.fetchall()
+                after_cur = await conn.execute(NEXT_DUE, self._next_due_params())
+                after = await after_cur.fetchone()
+            self._note_due(after)
+        if self.observer is not None:
+            self.observer.claimed(time.monotonic() - began)
+        claims = []
+        for row in rows:
+            self._definitions.remember_claimed(row)
+            claim = Claim(*row[:CLAIM_COLUMNS])
+            claims.append(claim)
+            self._served.note(int(row[CLAIM_PRINCIPAL]))
+            if self.reserve.is_long(int(row[CLAIM_DEADLINE])):
+                self._inflight.long_claims.add(claim.lease_token)
+        for claim in claims:
+            self.counters["claims"] += 1
+            self.counters["coalesced_ticks"] += claim.coalesced
+            if claim.resumed:
+                self.counters["lease_recoveries"] += 1
+        return claims
+
+    async def next_due_in(self) -> float | None:
+        """Seconds until the earliest due tick (0 when one is due now), or None when nothing is planned."""
+        async with self._pool.connection() as conn:
+            cur = await conn.execute(NEXT_DUE, self._next_due_params())
+            self._note_due(await cur.fetchone())
+        return self.due_in()
+
+    def poke(self) -> None:
+        """A notification came (a job made or changed): the next dispatch finds ticks afresh."""
+        self._find_now = True
+
+    # -- starting attempts -----------------------------------------------------------------------------
+    async def _dispatch_claims(self) -> int:
+        """The lease path: claim as many due ticks as there are free slots and start them."""
+        slots = self._inflight.slots
+        granted = slots.reserve(min(slots.free, CLAIM_BATCH))
+        if granted == 0:
+            return 0
+        try:
+            claims = await self.claim_due(granted)
+        except BaseException:
+            slots.release(granted)
+            raise
+        slots.release(granted - len(claims))
+        self.claim_filled = len(claims) == granted
+        self._lease_due = self.claim_filled
+        inflight = self._inflight
+        for claim in claims:
+            inflight.leases.add(claim.lease_token)
+            long = claim.lease_token in inflight.long_claims
+            inflight.long_claims.discard(claim.lease_token)
+            self._spawn(self._lease_runner.run_claim(claim), long=long)
+        return len(claims)
+
+    def _start_ticks(self) -> int:
+        """Start the queued ticks that are due, as far as free slots, the principals' caps and the slots long
+        attempts may hold allow; due ticks left over then join a batch of their principal's when they can
+        (engine/batches.py)."""
+        inflight = self._inflight
+        free = inflight.slots.free
+        if free <= 0 or not len(self._queue):
+            return 0
+        now = time.monotonic()
+        leads = self._queue.take(free, inflight.tick_connections, self.max_per_principal, now, self._long_free())
+        started = 0
+        leads_left = Counter(lead.principal for lead in leads)  # a principal's backlog is dealt among them
+        for lead in leads:
+            inflight.slots.reserve(1)
+            inflight.tick_connections[lead.principal] += 1
+            batch = self._batch_runner.form(lead, now, leads_left)
+            for tick in [item.tick for item in batch] or [lead]:
+                inflight.ticks[tick.job_id] = tick
+                self.counters["claims"] += 1
+                self.counters["coalesced_ticks"] += tick.coalesced
+                started += 1
+            attempt = self._batch_runner.run(batch) if batch else self._tick_runner.run(lead)
+            self._spawn(attempt, long=self._queue.is_long(lead))
+        return started
+
+    def _spawn(self, attempt: Awaitable[None], *, long: bool = False) -> None:
+        """Run an attempt (a claim, a tick or a batch) in its slot; ``long``: one long attempts may hold."""
+        task = asyncio.ensure_future(attempt)
+        self._inflight.tasks.add(task)
+        if long:
+            self._inflight.long_tasks.add(task)
+        task.add_done_callback(self._attempt_done)
+
+    def _attempt_done(self, task: asyncio.Task[None]) -> None:
+        inflight = self._inflight
+        inflight.tasks.discard(task)
+        inflight.long_tasks.discard(task)
+        inflight.slots.release()
+        inflight.finished.set()
+        if not task.cancelled() and task.exception() is not None:
+            log.error("attempt task failed node=%s error=%r", self.node_id, task.exception())
+
+    async def _find_ticks(self) -> None:
+        """Find due ticks (and those due within HORIZON_MS) in place of the queued ones; one round trip,
+        plus one to load the definitions this engine lacks."""
+        self._find_now = False
+        began = time.monotonic()
+        inflight = self._inflight
+        if inflight.ahead is not None and inflight.ahead <= began + HORIZON_MS / 1000:
+            inflight.ahead = None  # this find sees it
+        async with self._pool.connection() as conn:
+            async with conn.pipeline():
+                cur = await conn.execute(FIND_TICKS, (self.node_id, FIND_BATCH, HORIZON_MS, list(inflight.ticks),
+                                                      self._principals.backend_pids()))
+                after_cur = await conn.execute(AFTER_FIND, (*self._next_due_params(), self.node_id))
+            now = time.monotonic()
+            after = await after_cur.fetchone()
+            # due_in_ms is as of the find's end, before the second query ran: never early, and not that late
+            waited = max(0.0, after[2].total_seconds()) if after else 0.0
+            ticks = [Tick.from_row(row, now - waited) for row in await cur.fetchall()]
+            missing = {t.job_id for t in ticks if self._definitions.get((t.job_id, t.definition_version)) is None}
+            if missing:
+                async with conn.cursor(row_factory=dict_row) as dcur:
+                    await dcur.execute(LOAD_DEFINITIONS, (list(missing),))
+                    for row in await dcur.fetchall():
+                        self._definitions.put(definition_from_row(row))
+        self._note_due(after)
+        self._lease_due = self._lease_due or bool(after and after[1])
+        self._queue.replace(ticks, FIND_BATCH, now)
+        if self.observer is not None:
+            self.observer.claimed(time.monotonic() - began)
+
+    # -- the timing and the limits (no I/O) ------------------------------------------------------------
+    @property
+    def has_free_slot(self) -> bool:
+        """Has this engine a slot of its own free? (An attempt ending here sets InFlight.finished otherwise.)
+        Its own, not its parent's: a parent's slot freed by another engine sets nothing here, so while only
+        the parent is full the caller keeps to its short pauses rather than sleep until one of its own ends."""
+        return not self.stopping and self._inflight.slots.own_free > 0
 
     def _claim_params(self, limit: int, with_cron: bool, long_limit: int | None) -> tuple[Any, ...]:
         """definitions.CLAIM's: at most ``long_limit`` long ones (None: no limit), ties by ``_served``."""
@@ -78,23 +308,25 @@ class DispatchPolicy:
         now = time.monotonic()
         waits: list[float] = []
         if len(self._queue):
-            queued = self._queue.next_due_in(self._ticking_by, self.max_per_principal, now, self._long_free())
+            queued = self._queue.next_due_in(self._inflight.tick_connections, self.max_per_principal, now,
+                                             self._long_free())
             unfound = self._unfound_in(now)
             waits = [wait for wait in (queued, None if unfound is None else wake_in(unfound)) if wait is not None]
         else:
             if self._due is not None:
                 seconds, measured = self._due
                 waits.append(wake_in(max(0.0, seconds - (now - measured))))
-            if self.ahead is not None:
-                waits.append(wake_in(max(0.0, self.ahead - now)))
+            if self._inflight.ahead is not None:
+                waits.append(wake_in(max(0.0, self._inflight.ahead - now)))
         return min(waits) if waits else None
 
     def _unfound_in(self, now: float) -> float | None:
         """Seconds until the earliest tick not queued, however long the queued ones wait (a cap, or long
         slots): the earliest one this engine could start as of the last find or claim, when that was beyond
-        the finder's horizon then, or the next tick of a job whose attempt ended here since (``ahead``);
+        the finder's horizon then, or the next tick of a job whose attempt ended here since (InFlight.ahead);
         None when there is none."""
-        dues = [] if self.ahead is None else [self.ahead - now]
+        ahead = self._inflight.ahead
+        dues = [] if ahead is None else [ahead - now]
         if self._due is not None and self._due[0] * 1000 > HORIZON_MS:
             seconds, measured = self._due
             dues.append(seconds - (now - measured))
@@ -107,4 +339,4 @@ class DispatchPolicy:
 
     def _long_free(self) -> int:
         """How many more long attempts may start here (claims made and not started count)."""
-        return self.reserve.long_free(len(self._long) + len(self._long_claims))
+        return self.reserve.long_free(self._inflight.long_running)

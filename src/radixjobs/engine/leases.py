@@ -36,7 +36,7 @@ class LeaseKeeper:
     each one that is gone."""
 
     def __init__(self, pool: AsyncConnectionPool[Any], node_id: str, lease_s: int,
-                 held: Callable[[], set[uuid.UUID]], lose: Callable[[uuid.UUID], None]):
+                 held: Callable[[], set[uuid.UUID]], lose: Callable[[uuid.UUID], object]):
         self.pool = pool
         self.node_id = node_id
         self.lease_s = lease_s

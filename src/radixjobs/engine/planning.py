@@ -1,4 +1,14 @@
-"""Cron planning: the database cannot evaluate cron expressions, so due cron ticks are planned here."""
+"""Cron planning: the database cannot evaluate cron expressions, so due cron ticks are planned here.
+
+Invariants:
+- Due cron jobs are planned in one transaction, their state rows locked (``FOR UPDATE SKIP LOCKED``), so two
+  nodes never plan the same job at once; a plan is stored only while the job is still scheduled at the
+  version read.
+- A cron tick never runs stale: missed ticks are coalesced to the latest due one (or, with coalesce off, the
+  oldest of the ``MAX_MISSED_TICKS`` latest), the skipped ones counted; the walk is bounded
+  (``MAX_COALESCE_STEPS``).
+- An expression that cannot be evaluated fails its own job (``invalid_schedule``), never the planner.
+"""
 
 from __future__ import annotations
 

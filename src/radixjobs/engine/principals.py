@@ -18,6 +18,8 @@ pg_catalog``) and defines ``mine.pg_advisory_unlock_all()``, ``mine.=`` or ``min
   radix.attempt_session(), for attempt MACs: engine/attempt.py) by ``CLEAN_TIMEOUT_S``;
 - a connection is cleaned before reuse: by ``clean()``, or by the clean that follows a committed atomic
   attempt in its own query (``mark_clean``: the identity check in it passed);
+- every attempt of the engine (a claim, a lone tick, a batch) holds its connection through one context
+  manager, ``PrincipalAttempt``: held until the attempt's outcome is recorded, closed when it could not be;
 - a principal's password comes only from the password file (``passfile`` in the DSN, ``PGPASSFILE``, or
   ``~/.pgpass``), never from the scheduler's DSN nor from ``PGPASSWORD`` in the daemon's environment:
   the DSN carries an empty ``password``, which libpq reads as "none given" (so it looks in the password
@@ -31,6 +33,7 @@ import asyncio
 import contextlib
 import secrets
 from collections.abc import AsyncIterator
+from types import TracebackType
 from typing import Any
 
 import psycopg
@@ -111,6 +114,45 @@ async def _reset(conn: Conn) -> bool:
     return bool(row and row[0])
 
 
+class LoginFailed(Exception):
+    """A principal's connection could not be opened; ``error`` has PostgreSQL's reason."""
+
+    def __init__(self, error: psycopg.OperationalError):
+        super().__init__(str(error))
+        self.error = error
+
+
+class PrincipalAttempt:
+    """One attempt's hold on a principal's connection, the one way every path of the engine opens one:
+    ``async with pools.attempt(principal) as conn:`` logs in (or takes an idle connection; LoginFailed
+    when it cannot log in), and the block runs the attempt and records its outcome. Leaving the block
+    normally gives the connection back (cleaned before reuse); leaving it by an exception closes it: the
+    attempt's query carried a MAC good on that backend while its token lives, so a connection whose
+    attempt's outcome could not be recorded never serves another attempt."""
+
+    __slots__ = ("_conn", "_pools", "_principal")
+
+    def __init__(self, pools: PrincipalPools, principal: str):
+        self._pools = pools
+        self._principal = principal
+
+    async def __aenter__(self) -> Conn:
+        conn = self._pools.take_idle(self._principal)
+        if conn is None:
+            try:
+                conn = await self._pools.connect(self._principal)
+            except psycopg.OperationalError as exc:
+                raise LoginFailed(exc) from exc
+        self._conn = conn
+        return conn
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        if exc is not None:
+            await self._conn.close()
+        await self._pools.give_back(self._principal, self._conn)
+
+
 class PrincipalPools:
     """Idle connections per principal (at most ``max_idle`` each), opened on demand."""
 
@@ -127,29 +169,45 @@ class PrincipalPools:
 
         Raises psycopg.OperationalError (PostgreSQL's reason in the message) when it cannot log in.
         """
-        idle = self._idle.setdefault(principal, [])
-        conn = idle.pop() if idle else await self._connect(principal)
+        conn = self.take_idle(principal)
+        if conn is None:
+            conn = await self.connect(principal)
         try:
             yield conn
         finally:
-            if conn in self._cleaned:  # cleaned in the attempt's own query (engine/attempt.py)
-                self._cleaned.discard(conn)
-                reusable = not conn.closed and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
-            else:
-                reusable = await clean(conn)
-            if len(idle) < self.max_idle and reusable:
-                idle.append(conn)
-            else:
-                await conn.close()
-                self._session_keys.pop(conn, None)
+            await self.give_back(principal, conn)
+
+    def attempt(self, principal: str) -> PrincipalAttempt:
+        """An attempt's hold on a connection of ``principal`` (``async with``): see PrincipalAttempt."""
+        return PrincipalAttempt(self, principal)
+
+    def take_idle(self, principal: str) -> Conn | None:
+        """An idle connection of ``principal`` (clean), or None."""
+        idle = self._idle.get(principal)
+        return idle.pop() if idle else None
+
+    async def give_back(self, principal: str, conn: Conn) -> None:
+        """Keep ``conn`` for reuse once clean (at most ``max_idle`` of a principal), else close it."""
+        if conn in self._cleaned:  # cleaned in the attempt's own query (engine/attempt.py)
+            self._cleaned.discard(conn)
+            reusable = not conn.closed and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+        else:
+            reusable = await clean(conn)
+        idle = self._idle.setdefault(principal, [])
+        if len(idle) < self.max_idle and reusable:
+            idle.append(conn)
+        else:
+            await conn.close()
+            self._session_keys.pop(conn, None)
 
     def mark_clean(self, conn: Conn) -> None:
         """``conn`` ran the clean (and its identity check passed) after its last statement of user code."""
         self._cleaned.add(conn)
 
-    async def _connect(self, principal: str) -> Conn:
-        """Log in, then read the backend's session key (for attempt MACs) as the session's first
-        statement, before any attempt ran on it; bounded like a clean."""
+    async def connect(self, principal: str) -> Conn:
+        """A new connection: log in (psycopg.OperationalError when it cannot), then read the backend's
+        session key (for attempt MACs) as the session's first statement, before any attempt ran on it;
+        bounded like a clean."""
         conn = await psycopg.AsyncConnection.connect(principal_dsn(self.dsn, principal), autocommit=True,
                                                      prepare_threshold=None)
         try:

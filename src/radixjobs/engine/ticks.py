@@ -1,4 +1,4 @@
-"""The one-transaction tick (0013_one_transaction_tick.sql): found without a claim, run and recorded in one
+"""The one-transaction tick (sql/routines/tick.sql): found without a claim, run and recorded in one
 transaction on the principal's connection.
 
 Invariants:
@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from radixjobs.engine.attempt import attempt_mac
+from radixjobs.engine.attempt import Claim, attempt_mac
 from radixjobs.engine.principals import clean_statement
 from radixjobs.fairness import Reserve, Served
 
@@ -88,6 +88,12 @@ class Tick:
         job_id, version, planned, attempt, coalesced, anchor, due_in_ms, token, principal, elsewhere, deadline = row
         return cls(job_id, int(version), int(planned), int(attempt), int(coalesced), int(anchor),
                    now + float(due_in_ms) / 1000, token, int(principal), int(elsewhere), int(deadline))
+
+
+def tick_claim(tick: Tick) -> Claim:
+    """The tick as the claim it is not (yet): its token stands for the lease token."""
+    return Claim(tick.job_id, tick.definition_version, tick.token, tick.planned_ns, tick.attempt,
+                 f"{tick.job_id}/{tick.planned_ns}", False, tick.coalesced, tick.anchor_ns)
 
 
 def tick_query(call: bytes, tick: Tick, deadline_ms: int, next_planned_ns: int | None, session_key: bytes,

@@ -108,22 +108,8 @@ class ClusterSlots(Slots):
     """A cluster's share of the node's slots: a slot is taken here and in the node's ``Slots`` at once."""
 
     def __init__(self, capacity: int, node: Slots):
-        super().__init__(capacity)
+        super().__init__(capacity, parent=node)
         self.node = node
-
-    @property
-    def free(self) -> int:
-        return max(0, min(self.capacity - self.in_use, self.node.free))
-
-    def reserve(self, wanted: int) -> int:
-        taken = self.node.reserve(max(0, min(wanted, self.capacity - self.in_use)))
-        self.in_use += taken
-        return taken
-
-    def release(self, count: int = 1) -> None:
-        count = max(0, min(count, self.in_use))
-        self.in_use -= count
-        self.node.release(count)
 
 
 def cluster_share(config: DaemonConfig, targets: int) -> int:
