@@ -4,7 +4,7 @@ Already covered elsewhere, and not repeated here: RESET ROLE / RESET SESSION AUT
 AUTHORIZATION / SET ROLE to a superuser, writing the state, history and frames, a forged end_attempt, the
 frame GUC, the query_canceled trap (tests/integration/test_engine.py); who may schedule as whom through
 DDL, the SQL API and RUN_AS, direct writes to the job catalog, impersonation through _create_job /
-_alter_job / _drop_job (test_admission.py, test_documents.py). Added here: every other ledger table and
+_change_job / _drop_job (test_admission.py, test_documents.py). Added here: every other ledger table and
 scheduler verb, the lease token the frame exposes, lingering session state on the SAME pooled
 connection, every way to outlive a deadline, signalling the scheduler, the node liveness locks,
 document impersonation, and CSP services named by a document.
