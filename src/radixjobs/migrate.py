@@ -152,8 +152,7 @@ def install(conn: psycopg.Connection[Any]) -> list[Migration]:
                     conn.execute(migration.sql)
                 conn.execute("INSERT INTO radix.schema_migrations (version, name) "
                               "VALUES (%s::pg_catalog.int4, %s::pg_catalog.text)", (migration.version, migration.name))
-            changed = _routine_checksum(conn) != routines.checksum()
-            routines.apply(conn)
+            changed = routines.apply(conn)
             if missing or changed:
                 conn.execute("SELECT pg_catalog.pg_notify('radix_schema', %s::pg_catalog.text) "
                              "WHERE pg_catalog.pg_notification_queue_usage() OPERATOR(pg_catalog.<) "

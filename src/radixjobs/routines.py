@@ -13,7 +13,10 @@ Invariants:
   and is kept.
 - It all happens in the caller's transaction, with ``check_function_bodies`` off (a body may name a routine of
   a later file); a failure leaves nothing changed.
-- ``checksum()`` is the sha256 of the source as applied; the install records it in ``radix.routine_source``.
+- ``checksum()`` is the sha256 of the source as applied; the install records it in ``radix.routine_source``
+  with a fingerprint of the routines' catalog rows. Like Flyway's repeatable migrations, the source is applied
+  again only when either changed (a new source, or a routine changed or added by hand), so an install of an
+  up-to-date database writes nothing and waits on no lock an ordinary role can hold.
 """
 
 from __future__ import annotations
@@ -57,6 +60,29 @@ WHERE c.relnamespace OPERATOR(pg_catalog.=) 'radix'::pg_catalog.regnamespace AND
   AND f.pronamespace OPERATOR(pg_catalog.=) 'radix'::pg_catalog.regnamespace
   AND (t.tgname OPERATOR(pg_catalog.||) ' ON radix.' OPERATOR(pg_catalog.||) c.relname)
       OPERATOR(pg_catalog.<>) ALL (%(triggers)s::pg_catalog.text[])
+"""
+
+
+_RECORDED = "SELECT r.checksum, r.fingerprint FROM radix.routine_source r"
+# What the routines are now: every radix function's and view's definition and grants, every trigger on a radix
+# table. Read from the catalogs only (no lock on a radix table or view).
+_FINGERPRINT = """
+SELECT pg_catalog.md5(pg_catalog.string_agg(d, E'\\n' ORDER BY d)) FROM (
+    SELECT pg_catalog.concat_ws(' ', p.oid::pg_catalog.regprocedure, pg_catalog.pg_get_functiondef(p.oid),
+                                p.proacl) AS d
+    FROM pg_catalog.pg_proc p
+    WHERE p.pronamespace OPERATOR(pg_catalog.=) 'radix'::pg_catalog.regnamespace
+      AND p.prokind OPERATOR(pg_catalog.<>) 'a'
+    UNION ALL
+    SELECT pg_catalog.concat_ws(' ', c.oid::pg_catalog.regclass, pg_catalog.pg_get_viewdef(c.oid), c.relacl)
+    FROM pg_catalog.pg_class c
+    WHERE c.relnamespace OPERATOR(pg_catalog.=) 'radix'::pg_catalog.regnamespace
+      AND c.relkind OPERATOR(pg_catalog.=) 'v'
+    UNION ALL
+    SELECT pg_catalog.pg_get_triggerdef(t.oid)
+    FROM pg_catalog.pg_trigger t JOIN pg_catalog.pg_class c ON c.oid OPERATOR(pg_catalog.=) t.tgrelid
+    WHERE c.relnamespace OPERATOR(pg_catalog.=) 'radix'::pg_catalog.regnamespace AND NOT t.tgisinternal
+) routines(d)
 """
 
 
@@ -123,9 +149,16 @@ def checksum() -> str:
     return hashlib.sha256(source().text.encode()).hexdigest()
 
 
-def apply(conn: psycopg.Connection[Any]) -> None:
-    """Create or replace every routine of the source and drop every radix routine it lacks (in the caller's
-    transaction, search_path pinned by the caller)."""
+def apply(conn: psycopg.Connection[Any]) -> bool:
+    """Make the database's routines the source's, in the caller's transaction (search_path pinned by the
+    caller); returns whether anything was applied.
+
+    Nothing is done, and no lock taken, when the recorded checksum is the source's and the routines are as
+    they were left (the fingerprint of their catalog rows is the one recorded): an ordinary role holding
+    locks on radix's tables or views then holds up no install."""
+    recorded = conn.execute(_RECORDED).fetchone()
+    if recorded is not None and recorded[0] == checksum() and recorded[1] == _fingerprint(conn):
+        return False
     src = source()
     conn.execute("SET LOCAL check_function_bodies = off")
     try:
@@ -135,9 +168,16 @@ def apply(conn: psycopg.Connection[Any]) -> None:
         for statement in src.statements:  # one at a time: drop what cannot be replaced in place
             _apply_one(conn, statement)
     _drop_strays(conn, src)
-    conn.execute("INSERT INTO radix.routine_source (checksum) VALUES (%s::pg_catalog.text) "
-                 "ON CONFLICT (only_row) DO UPDATE SET checksum = excluded.checksum, "
-                 "applied_at = pg_catalog.clock_timestamp()", (checksum(),))
+    conn.execute("INSERT INTO radix.routine_source (checksum, fingerprint) "
+                 "VALUES (%s::pg_catalog.text, %s::pg_catalog.text) ON CONFLICT (only_row) DO UPDATE "
+                 "SET checksum = excluded.checksum, fingerprint = excluded.fingerprint, "
+                 "applied_at = pg_catalog.clock_timestamp()", (checksum(), _fingerprint(conn)))
+    return True
+
+
+def _fingerprint(conn: psycopg.Connection[Any]) -> str:
+    row = conn.execute(_FINGERPRINT).fetchone()
+    return str(row[0]) if row else ""
 
 
 def _apply_one(conn: psycopg.Connection[Any], statement: Statement) -> None:

@@ -95,6 +95,8 @@ def test_table_locks_any_role_can_take_block_nothing(app: App, roles: Any) -> No
         for n, table in enumerate(tables):  # no privilege needed: the lock is taken before the check
             evil.execute(sql.SQL("PREPARE p{} AS DELETE FROM radix.{}").format(sql.SQL(str(n)), sql.Identifier(table)))
         evil.execute("CREATE TEMP VIEW v AS SELECT job_id FROM radix.jobs")
+        # and the views and functions an install would replace (an up-to-date install replaces nothing)
+        evil.execute("PREPARE pv AS SELECT * FROM radix.job_overview, radix.node_overview")
         held = app.conn.execute("SELECT count(DISTINCT relation) FROM pg_locks WHERE pid = %s AND relation IN "
                                 "(SELECT oid FROM pg_class WHERE relnamespace = 'radix'::regnamespace)",
                                 (evil.info.backend_pid,)).fetchone()
