@@ -1,4 +1,4 @@
-"""The radix schema: versioned migrations for tables, and routines re-applied on every install.
+"""The radix schema: versioned migrations for tables, and routines applied again whenever they change.
 
 Two kinds of SQL file, each object defined once:
 
@@ -6,8 +6,8 @@ Two kinds of SQL file, each object defined once:
   ``radix.schema_migrations``. The first is a baseline (the tables as they stood at its version); an install
   at ``UPGRADES_FROM`` or later already has the baseline's tables, which is recorded without running it; an
   older install is refused. Numbering after the baseline is gap-free.
-- ``sql/routines/*.sql`` (in ``ROUTINES`` order): every function, view, trigger and grant, applied by every
-  install with ``CREATE OR REPLACE`` (an object whose shape cannot be replaced is dropped first; see
+- ``sql/routines/*.sql`` (in ``ROUTINES`` order): every function, view, trigger and grant, applied by an
+  install whenever they or the installed routines changed, with ``CREATE OR REPLACE`` (an object whose shape cannot be replaced is dropped first; see
   ``routines.py``), then every radix routine, view and trigger not in them is dropped, and the source's
   checksum recorded in ``radix.routine_source``. ``grants.sql``, applied last, is the public API's
   allow-list. Readiness compares the recorded checksum with the code's.
@@ -129,7 +129,7 @@ def version_query(probe: Sequence[Any]) -> str | None:
 
 
 def install(conn: psycopg.Connection[Any]) -> list[Migration]:
-    """Apply the missing migrations and re-apply the routines, in one transaction; returns the migrations
+    """Apply the missing migrations and, when changed, the routines, in one transaction; returns the migrations
     recorded (empty: the tables were up to date)."""
     try:
         _bootstrap(conn)

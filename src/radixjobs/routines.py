@@ -1,4 +1,4 @@
-"""The radix routines: every function, view, trigger and grant, from ``sql/routines/``, re-applied by each install.
+"""The radix routines: every function, view, trigger and grant, from ``sql/routines/``, applied by the install.
 
 Invariants:
 

@@ -1,8 +1,8 @@
 -- The baseline: radix's tables, indexes and the rows they start with, as they stand at schema 22.
 --
 -- Migrations hold tables, columns, indexes and data only; every function, view, trigger and grant lives once
--- in sql/routines/ and is re-applied on every install (migrate.py). An install at schema 17 to 21 already has
--- exactly these tables (those versions changed routines only), so the installer records this baseline for it
+-- in sql/routines/ and is applied by the install whenever it changed (routines.py). An install at schema 17
+-- to 21 already has exactly these tables (those versions changed routines only), so the installer records this baseline for it
 -- without running it; older installs are refused.
 --
 -- Catalog tables are written only by radix's SECURITY DEFINER functions: no ordinary role holds a privilege
