@@ -7,10 +7,10 @@ Two kinds of SQL file, each object defined once:
   at ``UPGRADES_FROM`` or later already has the baseline's tables, which is recorded without running it; an
   older install is refused. Numbering after the baseline is gap-free.
 - ``sql/routines/*.sql`` (in ``ROUTINES`` order): every function, view, trigger and grant, applied by an
-  install whenever they or the installed routines changed, with ``CREATE OR REPLACE`` (an object whose shape cannot be replaced is dropped first; see
-  ``routines.py``), then every radix routine, view and trigger not in them is dropped, and the source's
-  checksum recorded in ``radix.routine_source``. ``grants.sql``, applied last, is the public API's
-  allow-list. Readiness compares the recorded checksum with the code's.
+  install whenever they or the installed routines changed, with ``CREATE OR REPLACE`` (an object whose shape
+  cannot be replaced is dropped first; see ``routines.py``), then every radix routine, view and trigger not in
+  them is dropped, and the source's checksum recorded in ``radix.routine_source``. ``grants.sql``, applied
+  last, is the public API's allow-list. Readiness compares the recorded checksum with the code's.
 
 Installs serialise on the row of ``radix.migration_lock`` (created by ``bootstrap.sql``), never on an
 advisory key: any role can hold an advisory lock, and any role with USAGE on schema radix can hold table

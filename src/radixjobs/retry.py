@@ -195,6 +195,16 @@ def classify(
     return _cause(*_lookup(sqlstate))
 
 
+# A document run's error is one line of text, "[SQLSTATE] …" when PostgreSQL raised it.
+_DOCUMENT_SQLSTATE: Final = re.compile(r"\[([0-9A-Z]{5})\]")
+
+
+def classify_document_error(text: str) -> Cause:
+    """The cause of a document run's one-line error text, from its SQLSTATE when it names one."""
+    match = _DOCUMENT_SQLSTATE.search(text)
+    return classify(match[1] if match else None)
+
+
 def _lookup(sqlstate: str) -> tuple[str, Category]:
     exact = _BY_SQLSTATE.get(sqlstate)
     if exact is not None:

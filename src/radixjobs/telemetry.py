@@ -26,7 +26,6 @@ outcomes both share are in radixjobs.latency.
 from __future__ import annotations
 
 import os
-import re
 import time
 from importlib.metadata import PackageNotFoundError, entry_points, version
 from typing import TYPE_CHECKING, Any, Final
@@ -52,7 +51,6 @@ if TYPE_CHECKING:
 SCOPE: Final = "radixjobs"
 DEFAULT_SERVICE_NAME: Final = "radixjobs"
 OTLP_BY_PROTOCOL: Final = {"http/protobuf": "otlp_proto_http", "grpc": "otlp_proto_grpc"}
-DOCUMENT_SQLSTATE: Final = re.compile(r"\[([0-9A-Z]{5})\]")
 
 
 def package_version() -> str:
@@ -124,8 +122,7 @@ class Telemetry:
         }
         status = Status(StatusCode.OK)
         if error is not None:  # the category of its one-line text, never the text (it may quote an argument)
-            match = DOCUMENT_SQLSTATE.search(error)
-            category = str(retry.classify(match[1] if match else None).category)
+            category = str(retry.classify_document_error(error).category)
             attributes["radixjobs.failure.category"] = category
             status = Status(StatusCode.ERROR, category)
         span = self.tracer.start_span("radixjobs.document_run", kind=SpanKind.INTERNAL, start_time=start_ns,

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import re
 import signal
 import time
 from collections.abc import Callable, Coroutine
@@ -23,7 +22,6 @@ from radixjobs.server.owner import DatabaseOwner
 
 log = logging.getLogger("radixjobs.server")
 
-DOCUMENT_SQLSTATE = re.compile(r"\[([0-9A-Z]{5})\]")
 
 
 def public_error(source: str, record: dict[str, Any]) -> dict[str, str]:
@@ -32,8 +30,7 @@ def public_error(source: str, record: dict[str, Any]) -> dict[str, str]:
     if "category" in record and "kind" in record:  # an attempt failure: classified already
         cause = retry.Cause(str(record["kind"]), retry.Category(record["category"]), False)
     else:  # a document run's one-line text: "[SQLSTATE] …" when PostgreSQL raised it
-        match = DOCUMENT_SQLSTATE.search(str(record.get("error", "")))
-        cause = retry.classify(match[1] if match else None)
+        cause = retry.classify_document_error(str(record.get("error", "")))
     return {"source": source, "category": str(cause.category), "kind": cause.kind}
 
 
