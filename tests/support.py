@@ -55,3 +55,28 @@ def wait_for(predicate: Callable[[], T], timeout: float = 30.0, interval: float 
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {message}")
         time.sleep(interval)
+
+
+def document_engine(dsn: str, *, node_id: str | None = None, concurrency: int = 8,
+                    max_per_principal: int | None = None, jobs: bool = False, **documents: Any) -> Any:
+    """An Engine running the CRON_TABLE documents of ``dsn`` (radixjobs.documents.runner.Documents, given
+    ``documents`` as its options), and its jobs only with ``jobs``: ``engine.work`` is the Documents."""
+    from radixjobs.documents.runner import Documents
+    from radixjobs.engine import Engine
+
+    return Engine(dsn, node_id=node_id, concurrency=concurrency, max_per_principal=max_per_principal,
+                  work=Documents(**documents), jobs=jobs)
+
+
+def document_counters(engine: Any) -> dict[str, int]:
+    """The documents' counters of an engine (its fixed set, radixjobs.documents.runner.COUNTER_KEYS)."""
+    from radixjobs.documents.runner import COUNTER_KEYS
+
+    return {key: engine.counters[key] for key in COUNTER_KEYS}
+
+
+async def document_runs(engine: Any) -> int:
+    """``engine.run_due()``, counted as the CRON_TABLE runs it started (``radixjobs docs run --once``)."""
+    before = engine.counters["doc_runs"]
+    await engine.run_due()
+    return int(engine.counters["doc_runs"] - before)

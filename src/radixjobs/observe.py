@@ -1,18 +1,20 @@
-"""What the engine and the document scheduler report about their work, besides their counters.
+"""What the engine reports about its work (its jobs' attempts and its documents' runs), besides its counters.
 
 - Latency histograms (radixjobs.latency, exported by /metrics: server/http.py): the claim round trip, and
-  an attempt from its start to its finalisation, by outcome (succeeded / retrying / failed).
-- OpenTelemetry (radixjobs.telemetry, the ``otel`` extra): a span per attempt and per document run, and the
-  same two histograms as OTel metrics, when the standard ``OTEL_*`` environment asks for an exporter.
+  an attempt (a job's, or a document's run) from its start to its finalisation, by outcome (succeeded /
+  retrying / failed).
+- OpenTelemetry (radixjobs.telemetry, the ``otel`` extra): a span per attempt (``radixjobs.kind`` job or
+  document), and the same two histograms as OTel metrics, when the standard ``OTEL_*`` environment asks for
+  an exporter.
 
 Invariants:
-- the engine and the document scheduler never import this module: each declares the hooks it calls
+- the engine and the documents never import this module: each declares the hooks it calls
   (radixjobs.engine.observer, radixjobs.documents.observer) and ``Observer`` here has them all; this module
   reads their types, never the other way round;
 - nothing here imports opentelemetry; radixjobs.telemetry is imported only when ``otel_requested`` is true
   (OTEL_SDK_DISABLED is not true, and an exporter or an OTLP endpoint is named), so a process that does not
   ask for it never loads the OpenTelemetry packages, installed or not;
-- an Engine or DocumentScheduler without an observer (``observer is None``, the default) pays one attribute
+- an Engine or its Documents without an observer (``observer is None``, the default) pays one attribute
   check per hook; the daemon always gives them one (for the histograms);
 - what is reported names no principal (its category only), carries no error text and no argument: the
   rules of /status and the logs (docs/security.md).
@@ -58,7 +60,7 @@ class Tracing(Protocol):
 
 
 class Observer:
-    """The hooks of one database's engine and document scheduler: histograms, and spans when tracing."""
+    """The hooks of one database's engine and its documents: histograms, and spans when tracing."""
 
     def __init__(self, database: str, latencies: Latencies | None = None, tracing: Tracing | None = None):
         self.database = database
@@ -89,6 +91,7 @@ class Observer:
     def document_run(self, num: str, started: Started, error: str | None, began: float, rerun: bool,
                      principals: PrincipalPools) -> None:
         """A CRON_TABLE run ended (``error`` None: completed); ``began`` is its time.monotonic() start."""
+        self.latencies.attempts["failed" if error else "succeeded"].observe(time.monotonic() - began)
         if self.tracing is not None:
             try:
                 self.tracing.document_run(self.database, num, started, error, began, rerun, principals)

@@ -5,7 +5,8 @@ in radixjobs imports this module or opentelemetry. It never imports radixjobs.ob
 outcomes both share are in radixjobs.latency.
 
 - A span ``radixjobs.attempt`` per finalised attempt, from its start to its finalisation (written when it
-  ends, with its start and end times), and ``radixjobs.document_run`` per CRON_TABLE run. Attributes are
+  ends, with its start and end times): ``radixjobs.kind`` is ``job`` for a job's attempt and ``document``
+  for a CRON_TABLE run, which carries the document's attributes in place of the job's. Attributes are
   the job name, the database, the principal's *category* (never its name: docs/security.md), the
   idempotency key, the attempt and retry numbers, the outcome and a failure's category. No error text, no
   argument: a failed span's status says the category only.
@@ -98,7 +99,7 @@ class Telemetry:
         outcome, _, category = result.partition(":")
         self.attempt_duration.record((end_ns - start_ns) / 1e9, {"outcome": attempt_outcome(result)})
         attributes: dict[str, Any] = {
-            "radixjobs.job.name": job.name, "radixjobs.database": database,
+            "radixjobs.kind": "job", "radixjobs.job.name": job.name, "radixjobs.database": database,
             "radixjobs.principal.category": principal_category(principals, job.principal),
             "radixjobs.idempotency_key": claim.idempotency_key, "radixjobs.attempt": claim.attempt,
             "radixjobs.retry": claim.attempt - 1, "radixjobs.outcome": outcome,
@@ -114,8 +115,9 @@ class Telemetry:
     def document_run(self, database: str, num: str, started: Started, error: str | None, began: float,
                      rerun: bool, principals: PrincipalPools) -> None:
         start_ns, end_ns = _wall_start_ns(began)
+        self.attempt_duration.record((end_ns - start_ns) / 1e9, {"outcome": "failed" if error else "succeeded"})
         attributes: dict[str, Any] = {
-            "radixjobs.document.num": num, "radixjobs.document.kind": started.kind,
+            "radixjobs.kind": "document", "radixjobs.document.num": num, "radixjobs.document.kind": started.kind,
             "radixjobs.document.process_id": started.process_id, "radixjobs.database": database,
             "radixjobs.principal.category": principal_category(principals, started.principal),
             "radixjobs.rerun": rerun, "radixjobs.outcome": "failed" if error else "completed",
@@ -125,7 +127,7 @@ class Telemetry:
             category = str(retry.classify_document_error(error).category)
             attributes["radixjobs.failure.category"] = category
             status = Status(StatusCode.ERROR, category)
-        span = self.tracer.start_span("radixjobs.document_run", kind=SpanKind.INTERNAL, start_time=start_ns,
+        span = self.tracer.start_span("radixjobs.attempt", kind=SpanKind.INTERNAL, start_time=start_ns,
                                       attributes=attributes)
         span.set_status(status)
         span.end(end_time=end_ns)

@@ -23,12 +23,14 @@ from psycopg.types.json import Jsonb
 
 from radixjobs import documents
 from radixjobs.catalog import LIST_COLUMNS
-from radixjobs.documents import DocumentError, DocumentScheduler
+from radixjobs.documents import DocumentError
 from radixjobs.documents.expression import CheckedExpression, EvaluationFailed, check, evaluate
 from radixjobs.documents.model import document_num, document_problems
 from radixjobs.engine.principals import PrincipalPools
+from radixjobs.engine.slots import Slots
 from radixjobs.errors import ConfigError
-from tests.support import SEED, wait_for
+from radixjobs.server.owner import DatabaseOwner
+from tests.support import SEED, document_counters, document_engine, document_runs, wait_for
 
 T0 = dt.datetime(2025, 1, 1, tzinfo=dt.UTC)
 HOUR = dt.timedelta(hours=1)
@@ -124,9 +126,9 @@ def doc(num: Any, /, **props: Any) -> dict[str, Any]:
     return out
 
 
-def scheduler(db: str, clock: Clock | None, **kwargs: Any) -> DocumentScheduler:
+def scheduler(db: str, clock: Clock | None, **kwargs: Any) -> Any:
     kwargs.setdefault("entry_points", False)
-    return DocumentScheduler(db, clock=clock, **kwargs)
+    return document_engine(db, clock=clock, **kwargs)
 
 
 async def eventually(predicate: Callable[[], Any], within: float = 20.0, message: str = "condition") -> Any:
@@ -251,10 +253,10 @@ async def test_seed_example_lifecycle(tenant: Tenant, db: str, clock: Clock) -> 
     tenant.apply(SEED)
     clock.now = T0 - HOUR
     async with scheduler(db, clock) as s:
-        assert await s.run_due() == 0  # FIRST_RUN is an hour away
-        assert await s.next_due_in() == 3600.0
+        assert await document_runs(s) == 0  # FIRST_RUN is an hour away
+        assert await s.work.next_due_in() == 3600.0
         clock.now = T0
-        assert await s.run_due() == 1
+        assert await document_runs(s) == 1
         props = tenant.props()
         assert (props["COUNT_ERROR"], props["LAST_RUN"], props["NEXT_RUN"], props["ERROR_TEXT"]) == (
             0, T0.isoformat(), (T0 + HOUR).isoformat(), None)
@@ -265,7 +267,7 @@ async def test_seed_example_lifecycle(tenant: Tenant, db: str, clock: Clock) -> 
         tenant.admin.execute("UPDATE work.switch SET failing = true")
         for count, at in enumerate([T0 + HOUR, T0 + HOUR + 5 * MINUTE, T0 + HOUR + 10 * MINUTE], 1):
             clock.now = at
-            assert await s.run_due() == 1
+            assert await document_runs(s) == 1
             props = tenant.props()
             assert props["COUNT_ERROR"] == count
             assert "disk full" in props["ERROR_TEXT"]
@@ -276,16 +278,16 @@ async def test_seed_example_lifecycle(tenant: Tenant, db: str, clock: Clock) -> 
         assert props["NEXT_RUN"] is None
         assert "reached MAX_COUNT_ERROR 3" in props["ERROR_TEXT"]
         clock.now = T0 + 5 * HOUR
-        assert await s.run_due() == 0  # stopped
+        assert await document_runs(s) == 0  # stopped
 
         tenant.admin.execute("UPDATE work.switch SET failing = false")
         assert tenant.apply(SEED)[0]["action"] == "updated"  # ACTIVE again: re-armed
         props = tenant.props()
         assert (props["COUNT_ERROR"], props["ERROR_TEXT"], props["NEXT_RUN"]) == (0, None, None)
-        assert await s.run_due() == 1
+        assert await document_runs(s) == 1
         props = tenant.props()
         assert (props["COUNT_ERROR"], props["NEXT_RUN"]) == (0, (clock.now + HOUR).isoformat())
-        assert s.counters == {"doc_runs": 5, "doc_successes": 2, "doc_failures": 3, "doc_passive": 0,
+        assert document_counters(s) == {"doc_runs": 5, "doc_successes": 2, "doc_failures": 3, "doc_passive": 0,
                               "doc_errors": 1, "doc_restarts": 0}
     assert [p["status"] for p in tenant.processes()] == ["completed", "failed", "failed", "failed", "completed"]
     assert len(tenant.archive()) == 2
@@ -314,7 +316,7 @@ async def test_next_day_makes_the_task_passive_with_a_clear_reason(tenant: Tenan
         tenant.apply(doc(1, INTERVAL=next_day))  # the CLI and Python API refuse it up front
     tenant.apply_sql(doc(1, INTERVAL=next_day))  # SQL users get it PASSIVE when it is first needed
     async with scheduler(db, clock) as s:
-        assert await s.run_due() == 1
+        assert await document_runs(s) == 1
         assert s.counters["doc_passive"] == 1
     found = tenant.doc(1)
     assert found["status"] == "CRON_TABLE_PASSIVE"
@@ -334,9 +336,9 @@ async def test_no_usable_next_time_makes_the_task_passive(tenant: Tenant, db: st
                                                           interval: str | None, reason: str) -> None:
     tenant.apply_sql(doc(1, INTERVAL=interval))
     async with scheduler(db, clock) as s:
-        assert await s.run_due() == 1
+        assert await document_runs(s) == 1
         clock.now += 24 * HOUR
-        assert await s.run_due() == 0  # ran once
+        assert await document_runs(s) == 0  # ran once
     found = tenant.doc(1)
     assert found["status"] == "CRON_TABLE_PASSIVE"
     assert reason in found["props"]["ERROR_TEXT"]
@@ -347,7 +349,7 @@ async def test_no_usable_next_time_makes_the_task_passive(tenant: Tenant, db: st
 async def test_edits_keep_the_run_state_and_reactivation_rearms(tenant: Tenant, db: str, clock: Clock) -> None:
     tenant.apply(doc(1, FIRST_RUN="2024-12-31T00:00:00"))
     async with scheduler(db, clock) as s:
-        assert await s.run_due() == 1
+        assert await document_runs(s) == 1
         state = tenant.props(1)
         assert tenant.apply(doc(1, FIRST_RUN="2024-12-31T00:00:00", DESCR="renamed"))[0]["version"] == 2
         kept = tenant.props(1)
@@ -355,17 +357,17 @@ async def test_edits_keep_the_run_state_and_reactivation_rearms(tenant: Tenant, 
                                                                        "renamed")
         tenant.apply(doc(1, FIRST_RUN="2024-12-31T00:00:00", DESCR="renamed", status="CRON_TABLE_PASSIVE"))
         clock.now += 2 * HOUR
-        assert await s.run_due() == 0  # any status but ACTIVE disables it
+        assert await document_runs(s) == 0  # any status but ACTIVE disables it
         tenant.apply(doc(1, FIRST_RUN="2024-12-31T00:00:00", DESCR="renamed"))
         assert tenant.props(1)["NEXT_RUN"] is None  # re-armed: due at once (FIRST_RUN has passed)
-        assert await s.run_due() == 1
+        assert await document_runs(s) == 1
 
 
 async def test_db_function_forms_and_failures(tenant: Tenant, db: str, clock: Clock) -> None:
     tenant.apply([doc(1, DB_FUNCTION="work.archive_proc"), doc(2, DB_FUNCTION="work.no_such_function"),
                   doc(3, DB_FUNCTION="work.sleepy"), doc(4, DB_FUNCTION='"public"."ARCHIVE_LOGS"')])
     async with scheduler(db, clock, db_timeout_s=0.5) as s:
-        assert await s.run_due() == 4
+        assert await document_runs(s) == 4
     assert tenant.archive() == [f"proc:{tenant.role}"]  # a procedure is CALLed (and may COMMIT)
     assert tenant.props(2)["ERROR_TEXT"].startswith('[42883] function "work"."no_such_function"() does not exist')
     assert tenant.props(3)["ERROR_TEXT"].startswith("DB_FUNCTION timed out after 0.5 s")
@@ -382,7 +384,7 @@ async def test_revoked_run_as_fails_the_run_and_stops_the_task(tenant: Tenant, d
     tenant.apply(doc(1, RUN_AS=other))
     tenant.admin.execute(sql.SQL("REVOKE {} FROM {}").format(sql.Identifier(other), sql.Identifier(tenant.role)))
     async with scheduler(db, clock) as s:
-        assert await s.run_due() == 1
+        assert await document_runs(s) == 1
     found = tenant.doc(1)
     assert found["status"] == "CRON_TABLE_PASSIVE"
     assert tenant.archive() == []
@@ -430,7 +432,7 @@ async def test_injection_attempts_are_refused_and_nothing_executes(tenant: Tenan
         tenant.apply(doc(n, INTERVAL=payload))
     started = time.monotonic()
     async with scheduler(db, clock) as s:
-        assert await s.run_due() == len(INJECTIONS) + len(OWN_WRITERS)
+        assert await document_runs(s) == len(INJECTIONS) + len(OWN_WRITERS)
     assert time.monotonic() - started < 5  # pg_sleep never ran
     for n in range(1, len(INJECTIONS) + 1):
         found = tenant.doc(n)
@@ -494,11 +496,11 @@ async def test_csp_services_fail_alone(tenant: Tenant, db: str, clock: Clock, tm
         doc("ok", DB_FUNCTION=None, CSP_SERVICE="records", CSP_SERVICE_PARAMS={"path": str(out), "n": 1}),
     ])
     async with scheduler(db, clock, services=SERVICES, service_timeout_s=60) as s:
-        assert await s.run_due() == 4
-        assert (s.counters["doc_successes"], s.counters["doc_failures"]) == (1, 3), s.last_error
+        assert await document_runs(s) == 4
+        assert (s.counters["doc_successes"], s.counters["doc_failures"]) == (1, 3), s.work.last_error
     tenant.apply(doc("hang", DB_FUNCTION=None, CSP_SERVICE="hangs", CSP_SERVICE_PARAMS="60"))
     async with scheduler(db, clock, services=SERVICES, service_timeout_s=1.5) as s:
-        assert await s.run_due() == 1
+        assert await document_runs(s) == 1
     errors = {num: tenant.props(num)["ERROR_TEXT"] for num in ("raise", "exit", "hang", "unknown", "ok")}
     assert errors["raise"].startswith("CSP service 'raises': JSONDecodeError: Expecting value")
     assert errors["exit"] == "CSP service 'exits': the worker process exited with code 3 without a result"
@@ -529,7 +531,7 @@ async def test_edits_while_the_task_runs(tenant: Tenant, db: str, clock: Clock,
                                          blocker: psycopg.Connection[Any]) -> None:
     tenant.apply([doc(1, DB_FUNCTION="work.slow"), doc(2, DB_FUNCTION="work.slow")])
     async with scheduler(db, clock) as s:
-        run = asyncio.create_task(s.run_due())
+        run = asyncio.create_task(document_runs(s))
         await eventually(lambda: running(tenant, 1) and running(tenant, 2), message="both running")
         # edits never wait for a running task
         assert tenant.apply(doc(1, DB_FUNCTION="work.slow", INTERVAL="now() + interval '2 hours'"))[0]["version"] == 2
@@ -550,7 +552,7 @@ async def test_an_edit_between_evaluation_and_finish_is_decided_again(tenant: Te
                                                                       clock: Clock) -> None:
     tenant.apply(doc(1))
     async with scheduler(db, clock) as s:
-        evaluate_next = s._finisher.next_time
+        evaluate_next = s.work._finisher.next_time
         calls = []
 
         async def edit_first(plan: Any, state: Any, now: dt.datetime) -> Any:
@@ -559,8 +561,8 @@ async def test_an_edit_between_evaluation_and_finish_is_decided_again(tenant: Te
                 tenant.apply(doc(1, INTERVAL="now() + interval '3 hours'"))
             return await evaluate_next(plan, state, now)
 
-        s._finisher.next_time = edit_first  # type: ignore[method-assign]
-        assert await s.run_due() == 1
+        s.work._finisher.next_time = edit_first  # type: ignore[method-assign]
+        assert await document_runs(s) == 1
     assert calls == ["now() + interval '1 hour'", "now() + interval '3 hours'"]
     assert tenant.props(1)["NEXT_RUN"] == (T0 + 3 * HOUR).isoformat()
 
@@ -569,7 +571,7 @@ async def test_two_schedulers_never_run_one_task_twice(tenant: Tenant, db: str, 
     tenant.apply([doc(n) for n in range(1, 13)])
     async with scheduler(db, clock, node_id="node-a") as a, scheduler(db, clock, node_id="node-b") as b:
         for _ in range(3):
-            runs = await asyncio.gather(a.run_due(), b.run_due())
+            runs = await asyncio.gather(document_runs(a), document_runs(b))
             assert sum(runs) == 12
             clock.now += HOUR
     counts = tenant.admin.execute("SELECT task_num, count(*), count(DISTINCT doc_version), bool_and(status = "
@@ -607,7 +609,7 @@ async def test_a_process_whose_node_died_is_run_again(tenant: Tenant, db: str, c
     with psycopg.connect(db, autocommit=True) as holder:
         holder.execute("SELECT radix.register_node('alive', 'h', 2)")  # alive while this session is
         async with scheduler(db, clock) as s:
-            assert await s.run_due() == 1  # only the dead node's task
+            assert await document_runs(s) == 1  # only the dead node's task
             assert s.counters["doc_restarts"] == 1
         assert tenant.props(2)["SYS_PROCESS_ID"] == alive  # running on a live node: left alone
     old = tenant.processes(1)[0]
@@ -617,7 +619,7 @@ async def test_a_process_whose_node_died_is_run_again(tenant: Tenant, db: str, c
     assert tenant.props(1)["SYS_PROCESS_ID"] is None
     assert tenant.props(1)["COUNT_ERROR"] == 0
     async with scheduler(db, clock) as s:  # the live node went away with its session
-        assert await s.run_due() == 1
+        assert await document_runs(s) == 1
 
 
 async def test_recorded_outcomes_are_finished_and_lost_processes_rerun(tenant: Tenant, db: str,
@@ -629,7 +631,7 @@ async def test_recorded_outcomes_are_finished_and_lost_processes_rerun(tenant: T
     node = "docs-self"
     record_process(tenant, 4, node)  # this node's own earlier life: not running here any more
     async with scheduler(db, clock, node_id=node) as s:
-        assert await s.run_due() == 2  # 3 (process not found) and 4 (own stale process)
+        assert await document_runs(s) == 2  # 3 (process not found) and 4 (own stale process)
         assert s.counters["doc_restarts"] == 2
     one, two = tenant.props(1), tenant.props(2)
     assert (one["COUNT_ERROR"], one["NEXT_RUN"], one["SYS_PROCESS_ID"]) == (0, (T0 + HOUR).isoformat(), None)
@@ -644,21 +646,22 @@ async def test_inactive_tasks_release_lost_processes_on_reload(tenant: Tenant, d
     record_process(tenant, 1, "ghost")
     tenant.apply(doc(1, status="CRON_TABLE_PASSIVE"))
     async with scheduler(db, clock) as s:
-        assert await s.reload() == 1
+        assert await s.work.reload() == 1
     assert tenant.props(1)["SYS_PROCESS_ID"] is None
     assert tenant.processes(1)[0]["status"] == "failed"
 
 
 async def test_serve_picks_up_changes_at_once_and_starts_on_time(tenant: Tenant, db: str) -> None:
-    async with scheduler(db, None, check_period_s=60) as s:
-        serving = asyncio.create_task(s.serve())
-        tenant.apply(doc(1))  # due now: the notification wakes the scheduler
-        await eventually(lambda: tenant.props(1)["LAST_RUN"] is not None, within=10, message="run of 1")
-        first_run = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=1.5)
-        tenant.apply(doc(2, FIRST_RUN=first_run.isoformat()))  # due soon: the timer starts it
-        await eventually(lambda: tenant.props(2)["LAST_RUN"] is not None, within=10, message="run of 2")
-        s.cancel.set()
-        await serving
+    owner = DatabaseOwner("docs", db, node_id="serving", slots=Slots(8), concurrency=8)
+    serving = asyncio.create_task(owner.run())
+    await eventually(lambda: owner.connected, within=10, message="the owner to serve")
+    tenant.apply(doc(1))  # due now: the notification wakes the engine
+    await eventually(lambda: tenant.props(1)["LAST_RUN"] is not None, within=10, message="run of 1")
+    first_run = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=1.5)
+    tenant.apply(doc(2, FIRST_RUN=first_run.isoformat()))  # due soon: the timer starts it
+    await eventually(lambda: tenant.props(2)["LAST_RUN"] is not None, within=10, message="run of 2")
+    owner.stop()
+    await serving
     started = dt.datetime.fromisoformat(tenant.props(2)["LAST_RUN"])
     assert first_run <= started < first_run + dt.timedelta(seconds=3)
 

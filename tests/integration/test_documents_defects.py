@@ -23,6 +23,7 @@ from radixjobs import documents
 from radixjobs.documents import DocumentError, services
 from radixjobs.documents.services import call_blocking
 from tests.integration.test_documents import Clock, Tenant, clock, doc, scheduler, tenant
+from tests.support import document_runs
 
 __all__ = ["clock", "tenant"]  # fixtures
 
@@ -51,8 +52,8 @@ def work(tenant: Tenant) -> Tenant:
 async def test_now_as_interval_runs_once_and_goes_passive(work: Tenant, db: str, clock: Clock) -> None:
     work.apply(doc(1, INTERVAL="NOW()"))
     async with scheduler(db, clock) as s:
-        assert await s.run_due() == 1
-        assert await s.run_due() == 0  # not due again at once: no run loop
+        assert await document_runs(s) == 1
+        assert await document_runs(s) == 0  # not due again at once: no run loop
     found = work.doc(1)
     assert found["status"] == "CRON_TABLE_PASSIVE"
     assert "is not after the run's end" in found["props"]["ERROR_TEXT"]
@@ -65,7 +66,7 @@ async def test_db_function_with_every_parameter_defaulted(work: Tenant, db: str,
                                                           effect: str) -> None:
     work.apply(doc(1, DB_FUNCTION=target))
     async with scheduler(db, clock) as s:
-        assert await s.run_due() == 1
+        assert await document_runs(s) == 1
     props = work.props(1)
     assert props["ERROR_TEXT"] is None, props
     assert props["COUNT_ERROR"] == 0
@@ -80,7 +81,7 @@ async def test_db_function_not_callable_without_arguments(work: Tenant, db: str,
                                                           error: str) -> None:
     work.apply(doc(1, DB_FUNCTION=target))
     async with scheduler(db, clock) as s:
-        assert await s.run_due() == 1
+        assert await document_runs(s) == 1
     props = work.props(1)
     assert props["ERROR_TEXT"].startswith(error), props
     assert props["COUNT_ERROR"] == 1
@@ -91,16 +92,16 @@ async def test_nologin_principal_counts_errors_up_to_max_count_error(work: Tenan
     work.admin.execute(sql.SQL("ALTER ROLE {} NOLOGIN").format(sql.Identifier(work.role)))
     async with scheduler(db, clock, refusal_retry_s=60) as s:
         for count in (1, 2):
-            assert await s.run_due() == 1
+            assert await document_runs(s) == 1
             found = work.doc(1)
             assert found["status"] == "CRON_TABLE_ACTIVE", found
             assert found["props"]["COUNT_ERROR"] == count
             assert f"role {work.role} cannot log in" in found["props"]["ERROR_TEXT"]
             assert "tried again at" in found["props"]["ERROR_TEXT"]
             assert found["props"]["NEXT_RUN"] == (clock.now + dt.timedelta(seconds=60)).isoformat()
-            assert await s.run_due() == 0
+            assert await document_runs(s) == 0
             clock.now += dt.timedelta(seconds=61)
-        assert await s.run_due() == 1
+        assert await document_runs(s) == 1
     found = work.doc(1)
     assert found["status"] == "CRON_TABLE_ERROR"
     assert "COUNT_ERROR 3 reached MAX_COUNT_ERROR 3" in found["props"]["ERROR_TEXT"]
@@ -111,10 +112,10 @@ async def test_nologin_then_login_again_resumes(work: Tenant, db: str, clock: Cl
     work.apply(doc(1))
     work.admin.execute(sql.SQL("ALTER ROLE {} NOLOGIN").format(sql.Identifier(work.role)))
     async with scheduler(db, clock, refusal_retry_s=60) as s:
-        assert await s.run_due() == 1
+        assert await document_runs(s) == 1
         work.admin.execute(sql.SQL("ALTER ROLE {} LOGIN").format(sql.Identifier(work.role)))
         clock.now += dt.timedelta(seconds=61)
-        assert await s.run_due() == 1
+        assert await document_runs(s) == 1
     found = work.doc(1)
     assert (found["status"], found["props"]["COUNT_ERROR"], found["props"]["ERROR_TEXT"]) == (
         "CRON_TABLE_ACTIVE", 0, None)
@@ -134,7 +135,7 @@ async def test_widened_expressions_evaluate_as_the_principal(work: Tenant, db: s
                                                              expected: str) -> None:
     work.apply(doc(1, INTERVAL=interval))
     async with scheduler(db, clock) as s:
-        assert await s.run_due() == 1
+        assert await document_runs(s) == 1
     found = work.doc(1)
     assert (found["status"], found["props"]["NEXT_RUN"]) == ("CRON_TABLE_ACTIVE", expected), found
 

@@ -16,6 +16,7 @@ import pytest
 from psycopg import sql
 
 from tests.integration.test_documents import Clock, Tenant, clock, doc, scheduler, tenant
+from tests.support import document_runs
 
 __all__ = ["clock", "tenant"]  # fixtures
 
@@ -46,7 +47,7 @@ async def test_own_functions_stay_read_only_and_bounded(work: Tenant, db: str, c
     work.apply(doc(1, INTERVAL=interval))
     started = time.monotonic()
     async with scheduler(db, clock, expression_timeout_ms=300) as s:
-        assert await s.run_due() == 1
+        assert await document_runs(s) == 1
     assert time.monotonic() - started < 20
     found = work.doc(1)
     assert found["status"] == "CRON_TABLE_PASSIVE"
@@ -60,7 +61,7 @@ async def test_a_qualified_function_runs_as_the_principal_only(work: Tenant, db:
                        "LANGUAGE sql AS $$ SELECT t + interval '1 hour' $$")
     work.apply(doc(1, INTERVAL="vault.f(now())"))
     async with scheduler(db, clock) as s:
-        assert await s.run_due() == 1
+        assert await document_runs(s) == 1
     found = work.doc(1)
     assert found["status"] == "CRON_TABLE_PASSIVE"
     assert "INTERVAL: evaluation failed: [42501]" in found["props"]["ERROR_TEXT"]
@@ -75,7 +76,7 @@ async def test_a_notification_from_an_own_function_is_rolled_back(work: Tenant, 
         work.apply(doc(1, INTERVAL="work.notifies(now())"))
         list(listener.notifies(timeout=1))  # the apply's own hint
         async with scheduler(db, clock) as s:
-            assert await s.run_due() == 1
+            assert await document_runs(s) == 1
         found = work.doc(1)
         assert found["status"] == "CRON_TABLE_ACTIVE", found
         assert "flood" not in [n.payload for n in listener.notifies(timeout=1)]

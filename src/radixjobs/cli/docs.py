@@ -154,22 +154,26 @@ def docs_revoke_service(opts: Options, service: str, grantee: str) -> None:
 @click.option("--service", "service_pairs", multiple=True, metavar="NAME=module:function",
               help="Register a CSP service (repeatable; entry points 'radixjobs.services' too). Who may use "
                    "it is granted in the database: radixjobs docs grant-service.")
-@click.option("--node-id", default=None, help="This node's id (default host:pid:docs).")
+@click.option("--node-id", default=None, help="This node's id (default host:pid).")
 @click.option("--check-period", default=30.0, show_default=True, type=click.FloatRange(min=0.1),
               help="Longest wait between checks, in seconds.")
 @click.option("--reload-period", default=600.0, show_default=True, type=click.FloatRange(min=1),
               help="Period of the full reload, in seconds.")
 @click.option("--service-timeout", default=300.0, show_default=True, type=click.FloatRange(min=0.1),
               help="Seconds a CSP service may run before its worker is killed.")
-@max_per_principal_option("4 (half of the 8 slots)", "on this node")
+@click.option("--concurrency", default=8, show_default=True, type=click.IntRange(1, 256),
+              help="Runs at the same time.")
+@max_per_principal_option("half of --concurrency", "on this node")
 @common_options
 def docs_run(opts: Options, once: bool, seconds: float | None, service_pairs: tuple[str, ...],
              node_id: str | None, check_period: float, reload_period: float, service_timeout: float,
-             max_per_principal: int | None) -> None:
-    """Run the CRON_TABLE tasks of one database in the foreground."""
+             concurrency: int, max_per_principal: int | None) -> None:
+    """Run the CRON_TABLE tasks of one database in the foreground (an engine that leaves the jobs to
+    `run` and `serve`; `serve` runs both)."""
     import asyncio
 
-    from radixjobs.documents.scheduler import DocumentScheduler
+    from radixjobs.documents.runner import COUNTER_KEYS, Documents
+    from radixjobs.engine import Engine
 
     if once == (seconds is not None):
         raise click.UsageError("give exactly one of --once or --for SECONDS")
@@ -178,11 +182,15 @@ def docs_run(opts: Options, once: bool, seconds: float | None, service_pairs: tu
     allowed = parse_services(service_pairs)
 
     async def go(dsn: str) -> dict[str, Any]:
-        async with DocumentScheduler(dsn, node_id=node_id, services=allowed, check_period_s=check_period,
-                                     reload_period_s=reload_period, service_timeout_s=service_timeout,
-                                     max_per_principal=max_per_principal) as s:
-            ran = await s.run_due() if once else await s.run_for(seconds or 0.0)
-            return {"runs": ran, "node": s.node_id, "counters": dict(s.counters), "last_error": s.last_error}
+        documents = Documents(services=allowed, check_period_s=check_period, reload_period_s=reload_period,
+                              service_timeout_s=service_timeout)
+        async with Engine(dsn, node_id=node_id, concurrency=concurrency, max_per_principal=max_per_principal,
+                          work=documents, jobs=False) as engine:
+            before = engine.counters["doc_runs"]
+            await (engine.run_due() if once else engine.run_for(seconds or 0.0))
+            return {"runs": engine.counters["doc_runs"] - before, "node": engine.node_id,
+                    "counters": {key: engine.counters[key] for key in COUNTER_KEYS},
+                    "last_error": documents.last_error}
 
     with open_target(opts.dsn, opts.home) as target:
         with connect(target.dsn) as conn:  # the embedded server gets the schema; any other is checked

@@ -1,7 +1,8 @@
-"""CRON_TABLE documents (the DocScheduler front-end, SPEC §6): validation, storage, the runner.
+"""CRON_TABLE documents (the DocScheduler front-end, SPEC §6): validation, storage, and their runs as work of
+the engine.
 
 Names are imported lazily: the CSP worker process imports ``radixjobs.documents.services`` and should
-not pay for the scheduler's imports.
+not pay for the engine's imports.
 """
 
 from __future__ import annotations
@@ -11,14 +12,14 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from radixjobs.documents.model import Action, DocumentError, ProcessState, Status, process_task, validate
-    from radixjobs.documents.scheduler import DocumentScheduler
+    from radixjobs.documents.runner import Documents
     from radixjobs.documents.services import ServiceRegistry
     from radixjobs.documents.store import apply, get_document, list_documents, list_processes, overview
 
 _WHERE = {
     "Action": "model", "DocumentError": "model", "ProcessState": "model", "Status": "model",
     "process_task": "model", "validate": "model",
-    "DocumentScheduler": "scheduler",
+    "Documents": "runner",
     "ServiceRegistry": "services",
     "apply": "store", "get_document": "store", "list_documents": "store", "list_processes": "store",
     "overview": "store",
@@ -27,7 +28,7 @@ _WHERE = {
 __all__ = [
     "Action",
     "DocumentError",
-    "DocumentScheduler",
+    "Documents",
     "ProcessState",
     "ServiceRegistry",
     "Status",

@@ -1,11 +1,12 @@
-"""What a document scheduler reports about its runs besides its counters: the hook it calls on its observer.
+"""What the documents report about their runs besides their counters: the hook they call on their observer.
 
-The scheduler declares it here and calls it; radixjobs.observe.Observer is the daemon's implementation
-(a span per run when OpenTelemetry is on). The documents never import radixjobs.observe.
+The runner (documents/runner.py) declares it here and calls it; radixjobs.observe.Observer is the daemon's
+implementation (the attempt histogram, and a span per run, ``radixjobs.kind`` document, when OpenTelemetry
+is on). The documents never import radixjobs.observe.
 
 Invariants:
 - the hook is called after the run it reports has ended and its outcome is recorded: it observes, it never
-  decides anything the scheduler does next;
+  decides anything the runner does next;
 - the hook must not raise (the daemon's observer logs a failure of its exporter and goes on).
 """
 
@@ -19,7 +20,7 @@ if TYPE_CHECKING:
 
 
 class Observer(Protocol):
-    """The document scheduler's observer: ``DocumentScheduler.observer`` (None: nothing is observed)."""
+    """The documents' observer: ``Documents.observer`` (None: nothing is observed)."""
 
     def document_run(self, num: str, started: Started, error: str | None, began: float, rerun: bool,
                      principals: PrincipalPools) -> None:

@@ -6,8 +6,9 @@ Invariants:
   radix.doc_start, a login that failed, a routine that raised or timed out all become that line;
 - a DB_FUNCTION is called without arguments, in a DO block (nothing it returns reaches the scheduler), its
   name quoted by psycopg.sql and resolved as PostgreSQL would (ZERO_ARGUMENT_ROUTINE, every name qualified);
-- a call never outlives its bound: after ``db_timeout_s``, or when the scheduler is cancelled, its backend
-  is ended from the scheduler's own connection and the call awaited until it fails;
+- a call never outlives its bound, as an attempt of a job does not: its session's statement_timeout is
+  ``db_timeout_s`` (which holds even when this node is gone), and the engine's watchdog cancels it then
+  and ends its backend after the grace, or when the engine is cancelled (engine/work.py ``watch``);
 - two runs of one task never overlap: a rerun (the node of the previous run died) first waits until no
   backend of the principal still runs a call tagged for the task (RUN_TAG), and fails when one still does
   after ``db_timeout_s``.
@@ -30,6 +31,7 @@ from radixjobs.documents.services import ServiceRegistry
 from radixjobs.documents.services import call as call_service
 from radixjobs.engine.definitions import dollar_quoted
 from radixjobs.engine.principals import PrincipalPools
+from radixjobs.engine.work import Watch
 
 # A run started again because its node died may find the killed run's backend still executing the
 # DB_FUNCTION (an orphaned backend notices its client is gone within client_connection_check_interval).
@@ -53,16 +55,21 @@ ZERO_ARGUMENT_ROUTINE: Final = (
     "ELSE n.nspname OPERATOR(pg_catalog.=) %s::pg_catalog.name END "
     "ORDER BY pg_catalog.array_position(pg_catalog.current_schemas(true), n.nspname), "
     "p.prokind OPERATOR(pg_catalog.<>) 'f' LIMIT 1")
+# The call's bound, set for the session before it (the clean resets it): a DO block sent with it in one
+# query would run in an implicit transaction block, where a procedure may not commit.
+STATEMENT_TIMEOUT: Final = "SELECT pg_catalog.set_config('statement_timeout', %s::pg_catalog.text, false)"
+QUERY_CANCELED: Final = "57014"
 
 
 class TargetRunner:
-    """Runs the targets of one scheduler's tasks: ``pool`` is the scheduler's own (its checks, ending a
-    backend), ``principals`` the connections logged in as each RUN_AS."""
+    """Runs the targets of one engine's tasks: ``pool`` is the engine's own (the rerun's check),
+    ``principals`` the connections logged in as each RUN_AS, ``watch`` the engine's watchdog."""
 
-    def __init__(self, pool: AsyncConnectionPool[Any], principals: PrincipalPools, *, db_timeout_s: float,
-                 service_timeout_s: float):
+    def __init__(self, pool: AsyncConnectionPool[Any], principals: PrincipalPools, watch: Watch, *,
+                 db_timeout_s: float, service_timeout_s: float):
         self._pool = pool
         self._principals = principals
+        self._watch = watch
         self.db_timeout_s = db_timeout_s
         self.service_timeout_s = service_timeout_s
         self.stop_workers = threading.Event()  # set: the CSP worker calls still running are stopped
@@ -104,8 +111,8 @@ class TargetRunner:
 
     async def _call_function(self, conn: psycopg.AsyncConnection[Any], parts: tuple[str, ...],
                              num: str) -> str | None:
-        """PERFORM f() or CALL p() in a DO block, by what the name is; bounded by db_timeout_s (then the
-        backend is ended)."""
+        """PERFORM f() or CALL p() in a DO block, by what the name is; bounded by db_timeout_s (then
+        cancelled, and the backend ended after the engine's grace)."""
         quoted = ".".join('"' + p.replace('"', '""') + '"' for p in parts)
         schema, name = (None, parts[0]) if len(parts) == 1 else parts
         try:
@@ -121,24 +128,14 @@ class TargetRunner:
         inner = sql.SQL("BEGIN CALL {}(); END" if row[0] == "p" else "BEGIN PERFORM {}(); END").format(
             sql.Identifier(*parts)).as_string(None)
         verb = sql.SQL("DO " + dollar_quoted(inner, "radix_do") + " " + RUN_TAG.format(num.encode().hex()))
-        pid = conn.info.backend_pid
-        call = asyncio.create_task(conn.execute(verb))
+        began = time.monotonic()
         try:
-            done, _ = await asyncio.wait({call}, timeout=self.db_timeout_s)
-        except asyncio.CancelledError:  # shutting down: never leave the call running behind us
-            await self._terminate(pid, call)
-            raise
-        if not done:
-            await self._terminate(pid, call)
-            return f"DB_FUNCTION timed out after {self.db_timeout_s:g} s: its session was ended"
-        try:
-            call.result()
+            await conn.execute(STATEMENT_TIMEOUT, (str(max(1, int(self.db_timeout_s * 1000))),))
+            async with self._watch(conn, self.db_timeout_s):
+                await conn.execute(verb)
         except psycopg.Error as exc:
+            if time.monotonic() - began >= self.db_timeout_s:
+                how = "its statement was cancelled" if exc.sqlstate == QUERY_CANCELED else "its session was ended"
+                return f"DB_FUNCTION timed out after {self.db_timeout_s:g} s: {how}"
             return expression.db_error_text(exc)
         return None
-
-    async def _terminate(self, pid: int, call: asyncio.Task[Any]) -> None:
-        """End a principal backend from the scheduler's own connection, and wait for its call to fail."""
-        async with self._pool.connection() as control:
-            await control.execute("SELECT pg_catalog.pg_terminate_backend(%s::pg_catalog.int4)", (pid,))
-        await asyncio.gather(call, return_exceptions=True)

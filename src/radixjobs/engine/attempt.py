@@ -25,7 +25,7 @@ import contextlib
 import hashlib
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -197,15 +197,23 @@ class AttemptRunner:
                         cancel: asyncio.Event) -> tuple[Outcome, psycopg.AsyncCursor[Any] | None]:
         """Run a batch of ticks (engine/batches.py) as one query; never raises for failures. Past
         ``limit_s`` the query is cancelled (and its backend ended after the grace), as on ``cancel``.
-        Returns the outcome of the query as a whole and, when it succeeded, its cursor. A connection whose
-        batch was being cancelled is closed: the cancel may reach the backend after the batch ended on its
-        own (its statement timeout, at the same moment), and would cancel the next query sent there."""
+        Returns the outcome of the query as a whole and, when it succeeded, its cursor (``watch``)."""
+        async with self.watch(conn, limit_s, cancel):
+            return await self._query(conn, query)
+
+    @contextlib.asynccontextmanager
+    async def watch(self, conn: psycopg.AsyncConnection[Any], limit_s: float,
+                    cancel: asyncio.Event) -> AsyncIterator[None]:
+        """Bound what runs on ``conn`` inside the block: past ``limit_s``, or on ``cancel``, its statement is
+        cancelled and its backend ended after the grace. A connection whose statement was being cancelled is
+        closed at the end: the cancel may reach the backend after the statement ended on its own, and would
+        cancel the next query sent there."""
         watched = _Watched(conn, conn.info.backend_pid)
         self._active.add(watched)
         timer = asyncio.get_running_loop().call_later(limit_s, self._end, watched, True)
         self._watch_cancel(cancel, watched)
         try:
-            return await self._query(conn, query)
+            yield
         finally:
             timer.cancel()
             self._active.discard(watched)

@@ -8,7 +8,10 @@ Two looks, each one round trip on the scheduler's pool:
   runner) or, from a backlog, in batches (the batch runner).
 - ``claim_due``: a conditional update decided by the database clock (radix.claim_due), for the lease path
   (non-atomic and cron jobs, requests, resumed claims); cron ticks are computed here (Python), coalesced to
-  the latest due one, and stored (``plan_cron``). Its claims start on the lease runner.
+  the latest due one, and stored (``plan_cron``) before the claim that takes them, which deals them with
+  every other due tick. Its claims start on the lease runner.
+- ``look`` of another source (engine/work.py, the CRON_TABLE documents): its items start in free slots
+  under the same cap per principal.
 
 Invariants:
 - Every attempt started holds one slot of InFlight.slots (a reservation within its parent's: the cluster's
@@ -52,6 +55,7 @@ from radixjobs.engine.planning import CRON_DUE, plan_cron
 from radixjobs.engine.principals import PrincipalPools
 from radixjobs.engine.tick_runner import TickRunner
 from radixjobs.engine.ticks import FIND_AHEAD_S, FIND_BATCH, FIND_TICKS, HORIZON_MS, Tick, TickQueue, wake_in
+from radixjobs.engine.work import Work, WorkSource
 from radixjobs.fairness import Reserve, Served
 
 if TYPE_CHECKING:
@@ -81,7 +85,8 @@ class Dispatcher:
     def __init__(self, pool: AsyncConnectionPool[Any], node_id: str, *, lease_s: int, max_per_principal: int,
                  reserve: Reserve, served: Served, queue: TickQueue, inflight: InFlight,
                  definitions: DefinitionCache, principals: PrincipalPools, counters: Counter[str],
-                 tick_runner: TickRunner, batch_runner: BatchRunner, lease_runner: LeaseRunner):
+                 tick_runner: TickRunner, batch_runner: BatchRunner, lease_runner: LeaseRunner,
+                 work: WorkSource | None = None, jobs: bool = True):
         self._pool = pool
         self.node_id = node_id
         self.lease_s = lease_s
@@ -96,22 +101,32 @@ class Dispatcher:
         self._tick_runner = tick_runner
         self._batch_runner = batch_runner
         self._lease_runner = lease_runner
+        self._work = work  # attempts of another target kind (engine/work.py): the CRON_TABLE documents
+        self.jobs = jobs  # False: the jobs are left to other engines (``radixjobs docs run``)
         self.observer: Observer | None = None  # set by the engine (radixjobs.observe)
         self.stopping = False
         self.claim_filled = False  # the last dispatch claimed all it asked for: more may be due at once
         self._due: tuple[float, float] | None = None  # (seconds until due, monotonic time measured)
         self._lease_due = True  # the lease path may have work (radix.lease_work_due): claim_due's turn
+        self._cron_due = True  # cron ticks may await planning: the next claim plans them first
         self._find_now = False  # a notification came: find ticks even if some are queued
 
     # -- the verbs -------------------------------------------------------------------------------------
     async def dispatch_due(self) -> int:
         """Start due work in the free slots; returns how many attempts started. Ticks come from the queue,
         found again when it is empty or stale (one round trip, which also says whether the lease path has
-        work); then, when it has, claim_due for the lease path. Ticks are found again sooner when one due
-        was not queued (_unqueued_due)."""
+        work); then, when it has, claim_due for the lease path; then the work of the other source when it
+        is due (engine/work.py). Ticks are found again sooner when one due was not queued (_unqueued_due)."""
         self.claim_filled = False
         if self.stopping:
             return 0
+        slots = self._inflight.slots
+        started = await self._dispatch_jobs() if self.jobs else 0
+        if self._work is not None and slots.free > 0 and self._work_due():
+            started += await self._dispatch_work(self._work)
+        return started
+
+    async def _dispatch_jobs(self) -> int:
         # a queue past its time is found again before it deals: a principal whose tick came due since the
         # last find competes for the free slots (those may have been busy for long: a turnover)
         stale = self._queue.stale(time.monotonic(), self._inflight.tick_connections, self.max_per_principal)
@@ -130,18 +145,24 @@ class Dispatcher:
 
     async def claim_due(self, limit: int) -> list[Claim]:
         """Claim up to ``limit`` due ticks. One round trip (the claim, then the next due time and whether
-        cron ticks await planning, pipelined) unless cron ticks need planning: the first claim leaves
-        them alone; they are planned (missed ones coalesced), then claimed. A cron tick never runs stale.
-        No more of them are long than may start here (the lease tokens of those are in long_claims)."""
+        cron ticks await planning, pipelined) unless cron ticks need planning: when the last claim said
+        so, they are planned first (missed ones coalesced) and this claim takes them with the rest, in
+        one deal, so a backlog that fills every claim never leaves them waiting; when this claim finds
+        some and had room left, they are planned and claimed at once. A cron tick never runs stale. No
+        more of them are long than may start here (the lease tokens of those are in long_claims)."""
         began = time.monotonic()
         long_limit = self._long_limit(limit)
         async with self._pool.connection() as conn:
+            with_cron = self._cron_due  # as of the last claim: planned first, so they compete in this one
+            if with_cron:
+                self.counters["coalesced_ticks"] += await plan_cron(conn)
             async with conn.pipeline():
-                claim_cur = await conn.execute(CLAIM, self._claim_params(limit, False, long_limit))
+                claim_cur = await conn.execute(CLAIM, self._claim_params(limit, with_cron, long_limit))
                 after_cur = await conn.execute(AFTER_CLAIM, self._next_due_params())
             rows = await claim_cur.fetchall()
             after = await after_cur.fetchone()
-            if after and after[1] and len(rows) < limit:
+            self._cron_due = bool(after and after[1])
+            if self._cron_due and len(rows) < limit:
                 self.counters["coalesced_ticks"] += await plan_cron(conn)
                 if long_limit is not None:
                     long_limit -= sum(self.reserve.is_long(int(row[CLAIM_DEADLINE])) for row in rows)
@@ -149,6 +170,7 @@ class Dispatcher:
                 rows += await cur.fetchall()
                 after_cur = await conn.execute(NEXT_DUE, self._next_due_params())
                 after = await after_cur.fetchone()
+                self._cron_due = False
             self._note_due(after)
         if self.observer is not None:
             self.observer.claimed(time.monotonic() - began)
@@ -169,14 +191,19 @@ class Dispatcher:
 
     async def next_due_in(self) -> float | None:
         """Seconds until the earliest due tick (0 when one is due now), or None when nothing is planned."""
+        if not self.jobs:
+            return self.due_in()
         async with self._pool.connection() as conn:
             cur = await conn.execute(NEXT_DUE, self._next_due_params())
             self._note_due(await cur.fetchone())
         return self.due_in()
 
     def poke(self) -> None:
-        """A notification came (a job made or changed): the next dispatch finds ticks afresh."""
+        """A notification came (a job or a document made or changed): the next dispatch finds ticks afresh,
+        and the other source looks."""
         self._find_now = True
+        if self._work is not None:
+            self._work.poke()
 
     # -- starting attempts -----------------------------------------------------------------------------
     async def _dispatch_claims(self) -> int:
@@ -225,6 +252,34 @@ class Dispatcher:
             attempt = self._batch_runner.run(batch) if batch else self._tick_runner.run(lead)
             self._spawn(attempt, long=self._queue.is_long(lead))
         return started
+
+    async def _dispatch_work(self, work: WorkSource) -> int:
+        """The other source's items: as many as there are free slots, under the same cap per principal
+        as ticks (InFlight.tick_connections counts both)."""
+        inflight = self._inflight
+        granted = inflight.slots.reserve(inflight.slots.free)
+        try:
+            items = await work.look(granted, inflight.tick_connections, self.max_per_principal)
+        except BaseException:
+            inflight.slots.release(granted)
+            raise
+        inflight.slots.release(granted - len(items))
+        for item in items:
+            inflight.tick_connections[item.principal] += 1
+            self._served.note(item.principal)
+            self._spawn(self._run_work(item))
+        return len(items)
+
+    async def _run_work(self, item: Work) -> None:
+        try:
+            await item.run()
+        finally:
+            self._inflight.principal_done(item.principal)
+
+    def _work_due(self) -> bool:
+        assert self._work is not None
+        due = self._work.due_in()
+        return due is not None and due <= 0
 
     def _spawn(self, attempt: Awaitable[None], *, long: bool = False) -> None:
         """Run an attempt (a claim, a tick or a batch) in its slot; ``long``: one long attempts may hold."""
@@ -306,6 +361,14 @@ class Dispatcher:
         claim (or next_due_in) or of a job whose attempt ended here, so that the find comes before it, and
         once within that, until it is due."""
         now = time.monotonic()
+        waits = self._job_waits(now) if self.jobs else []
+        if self._work is not None:
+            work_due = self._work.due_in()
+            if work_due is not None:
+                waits.append(max(0.0, work_due))
+        return min(waits) if waits else None
+
+    def _job_waits(self, now: float) -> list[float]:
         waits: list[float] = []
         if len(self._queue):
             queued = self._queue.next_due_in(self._inflight.tick_connections, self.max_per_principal, now,
@@ -318,7 +381,7 @@ class Dispatcher:
                 waits.append(wake_in(max(0.0, seconds - (now - measured))))
             if self._inflight.ahead is not None:
                 waits.append(wake_in(max(0.0, self._inflight.ahead - now)))
-        return min(waits) if waits else None
+        return waits
 
     def _unfound_in(self, now: float) -> float | None:
         """Seconds until the earliest tick not queued, however long the queued ones wait (a cap, or long

@@ -12,7 +12,7 @@ Invariants:
   recorded as a lease) while they run: exactly the leases renewed, and none after its attempt ended.
 - A tick is in ``ticks`` (by job) from its start until its attempt is over, so the finder skips it; each
   principal connection running ticks (a lone tick, or a batch) counts once in ``tick_connections``, under
-  its principal, for the same time.
+  its principal, for the same time, and so does each item of another source (engine/work.py) while it runs.
 - Long attempts in ``long_tasks`` and long claims made and not yet started (``long_claims``) together never
   exceed the engine's ``Reserve.long_cap`` (the dispatcher asks ``long_running`` before it takes more).
 """
@@ -39,7 +39,7 @@ class InFlight:
     long_claims: set[uuid.UUID] = field(default_factory=set)  # lease tokens of long claims not yet started
     leases: set[uuid.UUID] = field(default_factory=set)  # lease tokens of the attempts running here
     ticks: dict[uuid.UUID, Tick] = field(default_factory=dict)  # ticks running here, by job
-    # principal oid -> connections running its ticks here (a lone tick or a batch: one each)
+    # principal oid -> connections running its ticks here (a lone tick or a batch: one each) or its items
     tick_connections: Counter[int] = field(default_factory=Counter)
     ahead: float | None = None  # the earliest next tick of a job whose attempt ended here, not yet looked for
 
@@ -52,7 +52,10 @@ class InFlight:
         """The ticks of one principal connection (one tick, or a batch) are over here."""
         for tick in ticks:
             self.ticks.pop(tick.job_id, None)
-        principal = ticks[0].principal
+        self.principal_done(ticks[0].principal)
+
+    def principal_done(self, principal: int) -> None:
+        """One of ``principal``'s connections running here (ticks, or another source's item) is done."""
         self.tick_connections[principal] -= 1
         if self.tick_connections[principal] <= 0:
             del self.tick_connections[principal]

@@ -49,6 +49,7 @@ from radixjobs.engine.principals import PrincipalPools
 from radixjobs.engine.slots import Slots
 from radixjobs.engine.tick_runner import TickRunner
 from radixjobs.engine.ticks import Durations, TickQueue
+from radixjobs.engine.work import WorkContext, WorkSource
 from radixjobs.fairness import LONG_ATTEMPT_S, Reserve, Served, principal_cap
 
 if TYPE_CHECKING:
@@ -73,7 +74,7 @@ class Engine:
                  grace_s: float = 5.0, pause: Pause | None = None, shared_slots: Slots | None = None,
                  finished: asyncio.Event | None = None, max_per_principal: int | None = None,
                  lease_s: int = DEFAULT_LEASE_S, tick_batch: int = BATCH_MAX, reserved_slots: int | None = None,
-                 long_attempt_s: float = LONG_ATTEMPT_S):
+                 long_attempt_s: float = LONG_ATTEMPT_S, work: WorkSource | None = None, jobs: bool = True):
         self.dsn = scheduler_dsn(dsn)
         self.node_id = node_id or default_node_id()
         self.concurrency = concurrency
@@ -107,7 +108,9 @@ class Engine:
                                       max_per_principal=self.max_per_principal, reserve=self.reserve, served=served,
                                       queue=queue, inflight=inflight, definitions=definitions, principals=pools,
                                       counters=self.counters, tick_runner=self._tick_runner,
-                                      batch_runner=self._batch_runner, lease_runner=self._lease_runner)
+                                      batch_runner=self._batch_runner, lease_runner=self._lease_runner,
+                                      work=work, jobs=jobs)
+        self.work = work  # attempts of another target kind (engine/work.py), in this engine's slots
         self._lease_keeper = LeaseKeeper(self._pool, self.node_id, lease_s, self.inflight.held_leases,
                                          self._attempts.lose)
 
@@ -171,6 +174,9 @@ class Engine:
             self._control = None
             raise
         self._lease_keeper.start()
+        if self.work is not None:
+            self.work.bind(WorkContext(self._pool, self._principals, self.node_id, self._watch, self.counters,
+                                       self.cancel))
 
     async def shutdown(self, grace_s: float) -> None:
         """Stop claiming; wait up to ``grace_s`` for running attempts, then cancel them (recorded as
@@ -190,6 +196,8 @@ class Engine:
         if self.inflight.tasks:
             await asyncio.gather(*self.inflight.tasks, return_exceptions=True)
         await self._lease_keeper.stop()
+        if self.work is not None:
+            await self.work.close()
         try:
             async with self._pool.connection() as conn:
                 await conn.execute("SELECT radix.release_claims(%s)", (self.node_id,))
@@ -219,7 +227,7 @@ class Engine:
         return self._dispatcher.due_in()
 
     def poke(self) -> None:
-        """A notification came (a job made or changed): the next dispatch finds ticks afresh."""
+        """A notification came (a job or a document made or changed): the next dispatch looks afresh."""
         self._dispatcher.poke()
 
     async def wait_for_work(self, seconds: float) -> None:
@@ -230,6 +238,7 @@ class Engine:
 
     async def run_due(self) -> int:
         """Run everything due now, then return the number of attempts run."""
+        self._dispatcher.poke()  # a look now, whatever the last one planned
         total = 0
         running = self.inflight.tasks
         while True:
@@ -253,6 +262,11 @@ class Engine:
         if self.inflight.tasks:
             await asyncio.wait(self.inflight.tasks)
         return total
+
+    def _watch(self, conn: psycopg.AsyncConnection[Any],
+               limit_s: float) -> contextlib.AbstractAsyncContextManager[None]:
+        """The watchdog for another source's items (engine/work.py): this engine's, with its cancel."""
+        return self._attempts.watch(conn, limit_s, self.cancel)
 
     async def _terminate(self, pid: int) -> None:
         """End a principal backend from the scheduler's own connection (deadline + grace passed)."""

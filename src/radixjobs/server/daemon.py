@@ -12,7 +12,7 @@ from typing import Any
 
 from radixjobs import migrate, observe, retry
 from radixjobs.db import scheduler_dsn
-from radixjobs.documents.scheduler import COUNTER_KEYS as DOCUMENT_COUNTER_KEYS
+from radixjobs.documents.runner import COUNTER_KEYS as DOCUMENT_COUNTER_KEYS
 from radixjobs.engine.runner import COUNTER_KEYS
 from radixjobs.engine.slots import Slots
 from radixjobs.latency import Latencies

@@ -20,7 +20,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
-from radixjobs.documents.scheduler import COUNTER_KEYS as DOCUMENT_COUNTER_KEYS
+from radixjobs.documents.runner import COUNTER_KEYS as DOCUMENT_COUNTER_KEYS
 from radixjobs.errors import ConfigError
 from radixjobs.latency import Histogram
 from radixjobs.output import jsonable

@@ -1,4 +1,5 @@
-"""One owner task per database: an engine, a LISTEN connection, a precise timer, reconnects."""
+"""One owner task per database: an engine (its jobs and its CRON_TABLE documents), a LISTEN connection, a
+precise timer, reconnects."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import psycopg
 from psycopg import sql
 
 from radixjobs.db import first_line, scheduler_dsn
-from radixjobs.documents.scheduler import DocumentScheduler
+from radixjobs.documents.runner import Documents
 from radixjobs.engine import Engine
 from radixjobs.engine.batches import BATCH_MAX
 from radixjobs.engine.leases import DEFAULT_LEASE_S
@@ -49,10 +50,8 @@ class DatabaseOwner:
         self.grace_s = grace_s
         self.max_per_principal = max_per_principal
         self.engine: Engine | None = None
-        self.documents: DocumentScheduler | None = None
+        self.documents: Documents | None = None  # the documents of the engine serving now
         self.services = dict(services or {})
-        self._documents_stop = asyncio.Event()
-        self._documents_task: asyncio.Task[None] | None = None
         self.wake = asyncio.Event()
         self.stopping = asyncio.Event()
         self.reachable = asyncio.Event()  # set by the daemon's discovery when PostgreSQL is reachable again
@@ -62,7 +61,7 @@ class DatabaseOwner:
         self.owner_errors = 0  # unexpected (non-connection) errors the owner restarted after
         self.engines_counters: list[dict[str, int]] = []  # counters of engines replaced after errors
         self._preflight: asyncio.Task[None] | None = None
-        self.observer: Observer | None = None  # given to its engine and document scheduler
+        self.observer: Observer | None = None  # given to its engine and its documents
 
     async def run(self) -> None:
         """Serve until ``stop``; reconnect with jittered exponential backoff on connection loss."""
@@ -107,20 +106,15 @@ class DatabaseOwner:
                 wait.cancel()
 
     async def _serve(self) -> None:
+        documents = Documents(services=self.services)
+        documents.observer = self.observer
         engine = Engine(self.dsn, node_id=self.node_id, concurrency=self.concurrency, grace_s=5.0,
                         shared_slots=self.slots, finished=self.wake, max_per_principal=self.max_per_principal,
                         lease_s=self.lease_s, tick_batch=self.tick_batch, reserved_slots=self.reserved_slots,
-                        long_attempt_s=self.long_attempt_s)
+                        long_attempt_s=self.long_attempt_s, work=documents)
         engine.observer = self.observer
         await engine.start()
-        self.engine = engine
-        documents = DocumentScheduler(self.dsn, node_id=f"{self.node_id}:docs", services=self.services,
-                                      concurrency=self.concurrency, max_per_principal=self.max_per_principal)
-        documents.observer = self.observer
-        self.documents = documents
-        await documents.start()
-        documents_task = asyncio.create_task(documents.serve(self._documents_stop), name=f"documents:{self.name}")
-        self._documents_task = documents_task
+        self.engine, self.documents = engine, documents
         listener = await psycopg.AsyncConnection.connect(scheduler_dsn(self.dsn), autocommit=True)
         try:
             for channel in CHANNELS:
@@ -136,20 +130,13 @@ class DatabaseOwner:
         finally:
             await listener.close()
         await engine.shutdown(self.grace_s)
-        self.engine = None
-        self._documents_stop.set()
-        await documents_task
-        await documents.close()
-        self.documents = None
+        self.engine = self.documents = None
 
     async def _loop(self, engine: Engine, notify_task: asyncio.Task[None]) -> None:
         while not self.stopping.is_set():
             if notify_task.done():  # the LISTEN connection broke: reconnect everything
                 notify_task.result()
                 raise psycopg.OperationalError("notification connection closed")
-            if self._documents_task is not None and self._documents_task.done():  # never a silent stop
-                self._documents_task.result()
-                raise RuntimeError("the document scheduler stopped")
             # cleared before claiming: an attempt ending or a notification meanwhile must wake the sleep
             self.wake.clear()
             await engine.dispatch_due()
@@ -182,37 +169,24 @@ class DatabaseOwner:
             self.wake.set()
 
     async def _drop_engine(self) -> None:
-        """After a connection failure: abandon the engine and the document scheduler, keep their counts."""
-        engine, self.engine = self.engine, None
+        """After a connection failure: abandon the engine, keep its counts."""
+        engine, self.engine, self.documents = self.engine, None, None
         if engine is not None:
             self.engines_counters.append(dict(engine.counters))
             engine.cancel.set()
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(engine.close(), 10)
-        documents, self.documents = self.documents, None
-        if documents is not None:
-            self.engines_counters.append(dict(documents.counters))
-            self._documents_stop.set()
-            task, self._documents_task = self._documents_task, None
-            with contextlib.suppress(Exception):
-                if task is not None:
-                    await asyncio.wait_for(task, 10)  # its error, if any, was raised by the loop already
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(documents.close(), 10)
-        self._documents_stop = asyncio.Event()
 
     def stop(self) -> None:
         self.stopping.set()
         if self._preflight is not None:
             self._preflight.cancel()
         self.wake.set()
-        self._documents_stop.set()
 
     def counters(self) -> dict[str, int]:
         """This database's counters since the daemon started (across reconnects)."""
         total: dict[str, int] = {}
-        sources = [*self.engines_counters, *([dict(self.engine.counters)] if self.engine else []),
-                   *([dict(self.documents.counters)] if self.documents else [])]
+        sources = [*self.engines_counters, *([dict(self.engine.counters)] if self.engine else [])]
         for source in sources:
             for key, value in source.items():
                 total[key] = total.get(key, 0) + value

@@ -18,8 +18,14 @@ BEGIN
                 ORDER BY s.principal_oid LIMIT 1)
         FROM keys k WHERE k.p IS NOT NULL
     ), busy AS (
-        SELECT s.principal_oid AS p, count(*)::integer AS n
-        FROM radix.radix_system_job_state s WHERE s.status = 'running' GROUP BY s.principal_oid
+        -- a principal's attempts running in the database: claims and published ticks, and document runs
+        SELECT x.p, sum(x.n)::integer AS n FROM (
+            SELECT s.principal_oid AS p, count(*) AS n
+            FROM radix.radix_system_job_state s WHERE s.status = 'running' GROUP BY s.principal_oid
+            UNION ALL
+            SELECT c.principal_oid, count(*)
+            FROM radix.cron_table c WHERE c.sys_process_id IS NOT NULL GROUP BY c.principal_oid) x
+        GROUP BY x.p
     )
     SELECT k.p,
            (SELECT s.due_ns FROM radix.radix_system_job_state s
@@ -42,6 +48,12 @@ BEGIN
         SELECT s.principal_oid AS p, count(*) AS n
         FROM radix.radix_system_job_state s WHERE s.status = 'running' AND s.lease_node <> node
         GROUP BY s.principal_oid
+        UNION ALL
+        -- document runs of other nodes in a CSP worker (a DB_FUNCTION's session is counted below)
+        SELECT c.principal_oid, count(*)
+        FROM radix.cron_table c JOIN radix.sys_processes p ON p.id = c.sys_process_id
+        WHERE c.sys_process_id IS NOT NULL AND p.status = 'running' AND p.type = 'csp' AND p.node <> node
+        GROUP BY c.principal_oid
         UNION ALL
         SELECT a.usesysid, count(*)
         FROM pg_stat_get_activity(NULL) a
