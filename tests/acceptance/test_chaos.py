@@ -116,11 +116,12 @@ def test_a_claim_in_flight_across_a_postgres_restart_is_resumed_at_once(app: App
 
 DOOMED_DOCUMENTS = """
 import asyncio, sys
-from radixjobs.documents import DocumentScheduler
+from radixjobs.documents import Documents
+from radixjobs.engine import Engine
 
 async def main():
-    async with DocumentScheduler(sys.argv[1], node_id="doomed:docs", entry_points=False) as scheduler:
-        await scheduler.run_due()
+    async with Engine(sys.argv[1], node_id="doomed", work=Documents(entry_points=False)) as engine:
+        await engine.run_due()
 
 asyncio.run(main())
 """
@@ -130,7 +131,8 @@ def test_a_document_is_not_run_again_while_its_orphaned_backend_still_runs_it(ap
     """kill -9 of a document scheduler in the middle of a DB_FUNCTION: the task is run again (its node is
     dead), but only once the killed run's backend is gone (it notices its client is gone within a second)."""
     from radixjobs import documents
-    from radixjobs.documents import DocumentScheduler
+    from radixjobs.documents import Documents
+    from radixjobs.engine import Engine
 
     app.conn.execute(f"""
         CREATE TABLE app.runs (id bigserial, others int);
@@ -154,9 +156,8 @@ def test_a_document_is_not_run_again_while_its_orphaned_backend_still_runs_it(ap
         doomed.wait(10)
 
     async def survivor() -> None:
-        async with DocumentScheduler(app.dsn, node_id="survivor:docs", entry_points=False,
-                                     db_timeout_s=2) as scheduler:
-            await scheduler.run_due()
+        async with Engine(app.dsn, node_id="survivor", work=Documents(entry_points=False, db_timeout_s=2)) as engine:
+            await engine.run_due()
 
     asyncio.run(survivor())
     runs = app.conn.execute("SELECT others FROM app.runs ORDER BY id").fetchall()

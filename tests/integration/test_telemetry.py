@@ -30,7 +30,6 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
 from radixjobs import documents
-from radixjobs.documents import DocumentScheduler
 from radixjobs.engine import Engine
 from radixjobs.latency import LATENCY_BUCKETS_S, Latencies
 from radixjobs.observe import Observer
@@ -38,6 +37,7 @@ from radixjobs.server import Daemon, DaemonConfig
 from radixjobs.server.http import DaemonCollector
 from radixjobs.telemetry import Telemetry
 from tests.apps import App
+from tests.support import document_engine, document_runs
 
 SECRET = "card-4111-1111"  # in error messages: must never reach a span
 
@@ -48,8 +48,10 @@ class Otel:
     reader: InMemoryMetricReader
     telemetry: Telemetry
 
-    def finished(self, name: str) -> list[ReadableSpan]:
-        return [s for s in self.spans.get_finished_spans() if s.name == name]
+    def finished(self, name: str, kind: str = "job") -> list[ReadableSpan]:
+        """The finished spans ``name``; of attempts, those of ``kind`` (job, or document)."""
+        return [s for s in self.spans.get_finished_spans()
+                if s.name == name and (s.attributes or {}).get("radixjobs.kind", kind) == kind]
 
     def histogram(self, name: str) -> list[Any]:
         """The data points of one histogram metric (all of the reader's collection so far)."""
@@ -110,7 +112,7 @@ def test_each_attempt_is_a_span_and_a_histogram_sample(app: App, otel: Otel) -> 
     assert set(spans) == {"app.ok", "app.bad", "app.root"}
     (ok_row,) = app.history(ok)
     attrs = dict(spans["app.ok"].attributes or {})
-    assert attrs == {"radixjobs.job.name": "app.ok", "radixjobs.database": dbname(app.dsn),
+    assert attrs == {"radixjobs.kind": "job", "radixjobs.job.name": "app.ok", "radixjobs.database": dbname(app.dsn),
                      "radixjobs.principal.category": "ordinary", "radixjobs.idempotency_key": ok_row["idempotency_key"],
                      "radixjobs.attempt": 1, "radixjobs.retry": 0, "radixjobs.outcome": "succeeded",
                      "radixjobs.tick.planned_ns": ok_row["planned_ns"], "radixjobs.resumed": False}
@@ -159,14 +161,15 @@ def cron_doc(num: int, function: str) -> dict[str, Any]:
 async def test_each_document_run_is_a_span(db: str, tenant: str, otel: Otel) -> None:
     with psycopg.connect(tenant, autocommit=True) as c:
         documents.apply(c, [cron_doc(201, "tel_ok"), cron_doc(202, "tel_bad")])
-    async with DocumentScheduler(db, entry_points=False) as scheduler:
-        scheduler.observer = Observer(dbname(db), Latencies(), otel.telemetry)
-        assert await scheduler.run_due() == 2
-    spans = {(s.attributes or {})["radixjobs.document.num"]: s for s in otel.finished("radixjobs.document_run")}
+    async with document_engine(db, entry_points=False) as scheduler:
+        scheduler.work.observer = Observer(dbname(db), Latencies(), otel.telemetry)
+        assert await document_runs(scheduler) == 2
+    spans = {(s.attributes or {})["radixjobs.document.num"]: s
+             for s in otel.finished("radixjobs.attempt", "document")}
     assert set(spans) == {"201", "202"}
     ok = dict(spans["201"].attributes or {})
     assert ok.pop("radixjobs.document.process_id") > 0
-    assert ok == {"radixjobs.document.num": "201", "radixjobs.document.kind": "db",
+    assert ok == {"radixjobs.kind": "document", "radixjobs.document.num": "201", "radixjobs.document.kind": "db",
                   "radixjobs.database": dbname(db), "radixjobs.principal.category": "ordinary",
                   "radixjobs.rerun": False, "radixjobs.outcome": "completed"}
     bad = spans["202"]
@@ -185,7 +188,7 @@ async def test_the_daemon_traces_and_exports_both_histograms(app: App, tenant: s
     daemon = Daemon(DaemonConfig(dsn=app.dsn, poll_s=0.05, discovery_s=0.2, grace_s=1.0), tracing=otel.telemetry)
     task = asyncio.create_task(daemon.run())
     deadline = time.monotonic() + 30
-    while not (otel.finished("radixjobs.attempt") and otel.finished("radixjobs.document_run")):
+    while not (otel.finished("radixjobs.attempt") and otel.finished("radixjobs.attempt", "document")):
         assert time.monotonic() < deadline, "no attempt and document spans from the daemon"
         assert not task.done(), task
         await asyncio.sleep(0.05)
@@ -195,13 +198,14 @@ async def test_the_daemon_traces_and_exports_both_histograms(app: App, tenant: s
     (attempt,) = otel.finished("radixjobs.attempt")
     assert attempt.attributes["radixjobs.job.name"] == "app.tick"  # type: ignore[index]
     assert attempt.attributes["radixjobs.database"] == dbname(app.dsn)  # type: ignore[index]
-    (run,) = otel.finished("radixjobs.document_run")
+    (run,) = otel.finished("radixjobs.attempt", "document")
     assert run.attributes["radixjobs.document.num"] == "301"  # type: ignore[index]
     registry = CollectorRegistry()
     registry.register(DaemonCollector(daemon))
     text = generate_latest(registry).decode()
-    assert 'radixjobs_attempt_duration_seconds_count{outcome="succeeded"} 1.0' in text
-    assert 'radixjobs_attempt_duration_seconds_bucket{le="+Inf",outcome="succeeded"} 1.0' in text
+    # the job's attempt and the document's run: attempts both
+    assert 'radixjobs_attempt_duration_seconds_count{outcome="succeeded"} 2.0' in text
+    assert 'radixjobs_attempt_duration_seconds_bucket{le="+Inf",outcome="succeeded"} 2.0' in text
     assert 'radixjobs_attempt_duration_seconds_count{outcome="failed"} 0.0' in text
     claims = daemon.latencies.claims.count
     assert claims >= 1

@@ -23,10 +23,9 @@ import pytest
 from psycopg import sql
 
 from radixjobs import documents
-from radixjobs.documents import DocumentScheduler
 from radixjobs.engine import Engine
 from tests.apps import App
-from tests.support import wait_for
+from tests.support import document_engine, wait_for
 
 SNAPSHOT = {
     "frames": "SELECT pid, job_id, attempt, idempotency_key FROM radix.attempt_frames ORDER BY pid",
@@ -336,7 +335,7 @@ def test_a_role_cannot_hold_up_another_roles_document(app: App, roles: Any) -> N
         "NUM": 1, "DB_FUNCTION": "noop", "RUN_AS": app.principal, "INTERVAL": "now() + interval '1 hour'"}})
 
     async def run() -> None:
-        async with DocumentScheduler(app.dsn, entry_points=False, db_timeout_s=3) as scheduler:
+        async with document_engine(app.dsn, entry_points=False, db_timeout_s=3) as scheduler:
             await scheduler.run_due()
 
     with _connect_as(app, attacker) as conn:
@@ -386,7 +385,7 @@ def test_direct_ledger_access_by_an_ordinary_role_is_refused(ledger: App, roles:
 # -- CSP services named by a document ------------------------------------------------------------------------------
 
 async def _run_documents(dsn: str) -> None:
-    async with DocumentScheduler(dsn, services={"known": "json:dumps"}, entry_points=False) as scheduler:
+    async with document_engine(dsn, services={"known": "json:dumps"}, entry_points=False) as scheduler:
         await scheduler.run_due()
 
 

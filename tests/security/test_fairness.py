@@ -30,7 +30,7 @@ import pytest
 from psycopg import sql
 
 from radixjobs import catalog, documents
-from radixjobs.documents import DocumentScheduler
+from radixjobs.documents import Documents
 from radixjobs.engine import Engine
 from radixjobs.fairness import LONG_ATTEMPT_S, Reserve, fair_order, principal_cap, reserved_slots
 from tests.acceptance.conftest import run_cli
@@ -310,10 +310,9 @@ def test_document_runs_are_shared_among_principals(tenants: Tenants) -> None:
         return int(row[0]) if row else 0
 
     async def go() -> tuple[int, float]:
-        stop = asyncio.Event()
-        async with DocumentScheduler(tenants.db, node_id="fair:docs", concurrency=2, entry_points=False,
-                                     grace_s=0.5) as scheduler:  # cap: 1 of 2 slots
-            task = asyncio.create_task(scheduler.serve(stop))
+        async with Engine(tenants.db, node_id="fair", concurrency=2, grace_s=0.5,
+                          work=Documents(entry_points=False), jobs=False) as scheduler:  # cap: 1 of 2 slots
+            task = asyncio.create_task(scheduler.run_for(60))
             deadline = time.monotonic() + 30
             try:
                 while running() < 1:
@@ -328,7 +327,7 @@ def test_document_runs_are_shared_among_principals(tenants: Tenants) -> None:
                     await asyncio.sleep(0.05)
                 return max(most, running()), time.monotonic() - made
             finally:
-                stop.set()
+                scheduler.cancel.set()
                 await task
 
     most, waited = asyncio.run(go())

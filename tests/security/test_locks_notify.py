@@ -25,7 +25,7 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from radixjobs import catalog, documents, migrate
-from radixjobs.documents import DocumentScheduler
+from radixjobs.documents import Documents
 from radixjobs.embedded import EmbeddedServer
 from radixjobs.engine import Engine
 from radixjobs.errors import AdmissionError
@@ -216,11 +216,9 @@ def test_the_scheduler_s_own_connections_bound_lock_waits(app: App, monkeypatch:
                 seen.append(await (await conn.execute("SHOW lock_timeout")).fetchone())
             assert engine._control is not None
             seen.append(await (await engine._control.execute("SHOW lock_timeout")).fetchone())
-        async with DocumentScheduler(app.dsn, node_id="bounded-docs") as docs, docs._pool.connection() as conn:
-            seen.append(await (await conn.execute("SHOW lock_timeout")).fetchone())
         return seen
 
-    assert asyncio.run(go()) == [("1500ms",)] * 3
+    assert asyncio.run(go()) == [("1500ms",)] * 2  # the documents run on the engine's pool
 
 
 def test_the_engine_s_wait_on_a_row_its_owner_holds_is_bounded(app: App, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -347,22 +345,22 @@ def _victim_writes(app: App) -> None:
 
 
 def _scheduling_goes_on(app: App) -> None:
-    async def runs(docs: DocumentScheduler, at_least: int) -> int:
+    async def runs(docs: Engine, at_least: int) -> int:
         # within 10 s, though the check period is 30 s: only the hintless look makes this
         await eventually(lambda: docs.counters["doc_runs"] >= at_least, within=10, message=f"{at_least} run(s)")
-        return docs.counters["doc_runs"]
+        return int(docs.counters["doc_runs"])
 
     async def go() -> tuple[int, int, int]:
         async with Engine(app.dsn, node_id="flooded") as engine:
             ran = await engine.run_for(2.5, poll_s=0.5)  # the 1 s ticks come from the timer alone
-        async with _Watched(app.dsn, node_id="flooded-docs") as docs:
-            stop = asyncio.Event()
-            serving = asyncio.create_task(docs.serve(stop))
-            first = await runs(docs, 1)  # NUM 1, applied before: found by the first check
-            await asyncio.wait_for(docs.idle.wait(), 10)  # NUM 1 done: nothing due for an hour
+        watched = _Watched()
+        async with Engine(app.dsn, node_id="flooded-docs", work=watched, jobs=False) as docs:
+            serving = asyncio.create_task(docs.run_for(60))
+            first = await runs(docs, 1)  # NUM 1, applied before: found by the first look
+            await asyncio.wait_for(watched.idle.wait(), 10)  # NUM 1 done: nothing due for an hour
             await asyncio.to_thread(_apply_as_victim, app, 2)  # its wake-up is skipped: the queue is full
             second = await runs(docs, 2)
-            stop.set()
+            docs.cancel.set()
             await serving
         return ran, first, second
 
@@ -376,18 +374,17 @@ def _scheduling_goes_on(app: App) -> None:
     assert statuses == [("completed",), ("completed",)]
 
 
-class _Watched(DocumentScheduler):
-    """Sets ``idle`` once a look finds nothing due for a minute: the scheduler is about to sleep."""
+class _Watched(Documents):
+    """Sets ``idle`` once a look finds nothing due for a minute: the engine is about to sleep."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(self) -> None:
+        super().__init__()
         self.idle = asyncio.Event()
 
-    async def next_due_in(self) -> float | None:
-        due = await super().next_due_in()
+    def _plan_next_look(self, due: float | None, left: bool) -> None:
         if due is None or due > 60:
             self.idle.set()
-        return due
+        super()._plan_next_look(due, left)
 
 
 def _apply_as_victim(app: App, num: int) -> None:

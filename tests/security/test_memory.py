@@ -171,7 +171,7 @@ def test_the_definition_cache_is_bounded_by_count() -> None:
 
 PEAK_RSS = """
 import asyncio, resource, sys
-from radixjobs.documents import DocumentScheduler
+from radixjobs.documents import Documents
 from radixjobs.engine import Engine
 
 async def main(kind: str, dsn: str) -> int:
@@ -179,8 +179,9 @@ async def main(kind: str, dsn: str) -> int:
         async with Engine(dsn) as engine:
             await engine.run_due()
             return engine.counters["successes"]
-    async with DocumentScheduler(dsn) as scheduler:
-        return await scheduler.run_due()
+    async with Engine(dsn, work=Documents(), jobs=False) as engine:
+        await engine.run_due()
+        return engine.counters["doc_runs"]
 
 done = asyncio.run(main(sys.argv[1], sys.argv[2]))
 print(done, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)

@@ -26,12 +26,11 @@ import psycopg
 from psycopg import sql
 
 from radixjobs import documents
-from radixjobs.documents import DocumentScheduler
 from radixjobs.engine import Engine
 from tests.acceptance.serving import Serve
 from tests.apps import App, run_engine
 from tests.security.shadows import hits, install_shadows
-from tests.support import wait_for
+from tests.support import document_engine, wait_for
 
 FIRST_RUN = "2020-01-01T00:00:00"
 
@@ -177,7 +176,7 @@ def test_principal_search_path_shadows_are_never_called(app: App, conn: psycopg.
             run_engine(app.dsn, lambda e: e.run_due(), concurrency=1)
 
         async def documents_once() -> None:
-            async with DocumentScheduler(app.dsn, concurrency=1) as scheduler:
+            async with document_engine(app.dsn, concurrency=1) as scheduler:
                 await scheduler.run_due()
 
         asyncio.run(documents_once())

@@ -1,4 +1,5 @@
-"""Node registration: a node is alive exactly as long as its control session (radix.node_alive)."""
+"""Node registration: a node is alive exactly as long as its control session (radix.node_alive); and the
+node's one notification connection per database (``listen``)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import socket
 from typing import Any
 
 import psycopg
+from psycopg import sql
 
 from radixjobs.db import abound_lock_waits, scheduler_dsn
 from radixjobs.errors import ConfigError
@@ -26,6 +28,9 @@ UPDATE radix.radix_system_job_state SET lease_expires_at = clock_timestamp(),
     due_ns = radix.to_ns(clock_timestamp())
 WHERE lease_node = %s AND status = 'running' AND lease_expires_at > clock_timestamp()
 """
+
+# Where jobs and documents announce a change (radix._hint): hints, never truth (a timer and a poll are).
+CHANNELS = ("radix_jobs", "radix_documents")
 
 # A previous session of the same node id may take a moment to end (a restart right after a close).
 REGISTER_TIMEOUT_S = 5.0
@@ -62,3 +67,15 @@ async def resume_previous_claims(control: psycopg.AsyncConnection[Any], node_id:
     cur = await control.execute(RESUME_PREVIOUS_CLAIMS, (node_id,))
     if cur.rowcount:
         log.info("resuming %d claim(s) of this node's previous life node=%s", cur.rowcount, node_id)
+
+
+async def listen(dsn: str) -> psycopg.AsyncConnection[Any]:
+    """A connection listening on CHANNELS (its ``notifies()`` yields a change of a job or a document)."""
+    conn = await psycopg.AsyncConnection.connect(scheduler_dsn(dsn), autocommit=True)
+    try:
+        for channel in CHANNELS:
+            await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
+    except BaseException:
+        await conn.close()
+        raise
+    return conn

@@ -43,7 +43,7 @@ from radixjobs.engine.dispatch import Dispatcher
 from radixjobs.engine.inflight import InFlight
 from radixjobs.engine.lease_runner import LeaseRunner
 from radixjobs.engine.leases import DEFAULT_LEASE_S, LeaseKeeper
-from radixjobs.engine.nodes import default_node_id, register_node
+from radixjobs.engine.nodes import default_node_id, listen, register_node
 from radixjobs.engine.outcomes import OutcomeRecorder
 from radixjobs.engine.principals import PrincipalPools
 from radixjobs.engine.slots import Slots
@@ -250,15 +250,23 @@ class Engine:
                 await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
 
     async def run_for(self, seconds: float, poll_s: float = 1.0) -> int:
-        """Run due work as it comes due for ``seconds``; returns the number of attempts run."""
+        """Run due work as it comes due for ``seconds``, woken by notifications too; returns the number of
+        attempts run."""
         end = time.monotonic() + seconds
         total = 0
-        while time.monotonic() < end and not self.cancel.is_set():
-            total += await self._dispatcher.dispatch_due()
-            wait = await self._dispatcher.next_due_in()
-            # every slot busy: until an attempt ends (``finished``), never a loop of waits of 0
-            wait = poll_s if wait is None or not self.has_free_slot else min(wait, poll_s)
-            await self.wait_for_work(max(0.0, min(wait, end - time.monotonic())))
+        listener = await listen(self.dsn)
+        hints = asyncio.create_task(self._poke_on(listener))
+        try:
+            while time.monotonic() < end and not self.cancel.is_set():
+                total += await self._dispatcher.dispatch_due()
+                wait = await self._dispatcher.next_due_in()
+                # every slot busy: until an attempt ends (``finished``), never a loop of waits of 0
+                wait = poll_s if wait is None or not self.has_free_slot else min(wait, poll_s)
+                await self.wait_for_work(max(0.0, min(wait, end - time.monotonic())))
+        finally:
+            hints.cancel()
+            await asyncio.gather(hints, return_exceptions=True)
+            await listener.close()
         if self.inflight.tasks:
             await asyncio.wait(self.inflight.tasks)
         return total
@@ -267,6 +275,13 @@ class Engine:
                limit_s: float) -> contextlib.AbstractAsyncContextManager[None]:
         """The watchdog for another source's items (engine/work.py): this engine's, with its cancel."""
         return self._attempts.watch(conn, limit_s, self.cancel)
+
+    async def _poke_on(self, listener: psycopg.AsyncConnection[Any]) -> None:
+        """A notification pokes the dispatcher and wakes the wait (a lost connection: the poll goes on)."""
+        with contextlib.suppress(psycopg.Error):
+            async for _ in listener.notifies():
+                self.poke()
+                self.finished.set()
 
     async def _terminate(self, pid: int) -> None:
         """End a principal backend from the scheduler's own connection (deadline + grace passed)."""

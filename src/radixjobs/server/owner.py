@@ -11,13 +11,13 @@ from collections.abc import Mapping
 from typing import Any
 
 import psycopg
-from psycopg import sql
 
-from radixjobs.db import first_line, scheduler_dsn
+from radixjobs.db import first_line
 from radixjobs.documents.runner import Documents
 from radixjobs.engine import Engine
 from radixjobs.engine.batches import BATCH_MAX
 from radixjobs.engine.leases import DEFAULT_LEASE_S
+from radixjobs.engine.nodes import listen
 from radixjobs.engine.slots import Slots
 from radixjobs.fairness import LONG_ATTEMPT_S
 from radixjobs.observe import Observer
@@ -25,7 +25,6 @@ from radixjobs.preflight import log_principal_checks
 
 log = logging.getLogger("radixjobs.server")
 
-CHANNELS = ("radix_jobs", "radix_documents")
 UNCLAIMABLE_PAUSE_S = 0.01
 
 
@@ -115,10 +114,8 @@ class DatabaseOwner:
         engine.observer = self.observer
         await engine.start()
         self.engine, self.documents = engine, documents
-        listener = await psycopg.AsyncConnection.connect(scheduler_dsn(self.dsn), autocommit=True)
+        listener = await listen(self.dsn)
         try:
-            for channel in CHANNELS:
-                await listener.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
             self.connected = True
             notify_task = asyncio.create_task(self._listen(listener))
             try:

@@ -52,7 +52,7 @@ BEGIN
         -- document runs of other nodes in a CSP worker (a DB_FUNCTION's session is counted below)
         SELECT c.principal_oid, count(*)
         FROM radix.cron_table c JOIN radix.sys_processes p ON p.id = c.sys_process_id
-        WHERE c.sys_process_id IS NOT NULL AND p.status = 'running' AND p.type = 'csp' AND p.node <> node
+        WHERE c.sys_process_id IS NOT NULL AND p.status = 'running' AND p.type = 'csp' AND p.node <> _running_elsewhere.node
         GROUP BY c.principal_oid
         UNION ALL
         SELECT a.usesysid, count(*)

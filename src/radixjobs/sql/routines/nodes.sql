@@ -47,7 +47,7 @@ CREATE OR REPLACE FUNCTION radix.live_node_count() RETURNS bigint
 LANGUAGE sql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET jit = off
--- a node is a scheduler process (host and pid): a daemon's engine and document scheduler (X, X:docs) count once
+-- a node is a scheduler process (host and pid): engines of one process under several ids count once
 RETURN (SELECT count(DISTINCT coalesce(n.hostname || ':' || n.pid, n.node_id)) FROM radix.nodes n
         WHERE radix.node_alive(n.node_id));
 
