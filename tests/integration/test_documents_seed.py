@@ -5,15 +5,18 @@ tables with sub-queries, evaluated as the principal, read-only, rolled back and 
 
 from __future__ import annotations
 
+import datetime as dt
 from typing import Any
 
 import psycopg
 import pytest
+from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from radixjobs.documents import DocumentError
+from radixjobs.documents.expression import MAX_DEPTH, MAX_LENGTH, check, evaluate
 from radixjobs.documents.model import document_problems
-from tests.integration.test_documents import HOUR, Clock, Tenant, clock, doc, scheduler, tenant
+from tests.integration.test_documents import HOUR, MINUTE, T0, Clock, Tenant, clock, doc, scheduler, tenant
 
 __all__ = ["clock", "tenant"]  # fixtures
 
@@ -82,3 +85,81 @@ def test_a_status_not_of_the_form_cron_table_name_is_refused_alike(tenant: Tenan
     with pytest.raises(psycopg.errors.InvalidParameterValue):
         tenant.apply_sql(bad)
     assert tenant.admin.execute("SELECT count(*) FROM radix.cron_table").fetchone() == (0,)
+
+
+# -- random() and sub-queries over the principal's tables --------------------------------------------------------
+
+SLOTS_SQL = """
+CREATE SCHEMA app;
+CREATE TABLE app.slots (at timestamptz NOT NULL, kind text NOT NULL, owner name NOT NULL DEFAULT current_user);
+CREATE TABLE app.holidays (day date PRIMARY KEY);
+ALTER TABLE app.slots ENABLE ROW LEVEL SECURITY;
+CREATE POLICY mine ON app.slots USING (owner = current_user);
+"""
+
+
+@pytest.fixture
+def slots(tenant: Tenant) -> Tenant:
+    tenant.admin.execute(SLOTS_SQL)
+    tenant.admin.execute(sql.SQL("GRANT USAGE ON SCHEMA app TO {r}; GRANT SELECT ON app.slots, app.holidays TO {r}")
+                         .format(r=sql.Identifier(tenant.role)))
+    tenant.admin.execute("INSERT INTO app.slots (at, kind, owner) VALUES "
+                         "('2025-01-01 06:00+00', 'backup', %(me)s), ('2025-01-01 09:00+00', 'backup', %(me)s), "
+                         "('2025-01-01 03:00+00', 'backup', 'someone_else'), "
+                         "('2025-01-01 04:00+00', 'report', %(me)s)", {"me": tenant.role})
+    tenant.admin.execute("INSERT INTO app.holidays VALUES ('2025-01-01')")
+    return tenant
+
+
+@pytest.mark.parametrize(("interval", "expected"), [
+    # the principal's next backup slot: the row-level security policy hides another role's 03:00
+    ("(SELECT min(s.at) FROM app.slots s WHERE s.at > now() AND s.kind = 'backup')", "2025-01-01T06:00:00+00:00"),
+    ("coalesce((SELECT min(at) FROM app.slots WHERE at > now() AND kind = 'none'), now() + interval '1 day')",
+     "2025-01-02T00:00:00+00:00"),
+    ("CASE WHEN EXISTS (SELECT 1 FROM app.holidays h WHERE h.day = CURRENT_DATE) THEN now() + interval '1 day' "
+     "ELSE now() + interval '1 hour' END", "2025-01-02T00:00:00+00:00"),  # T0 is a holiday
+    ("now() + (SELECT count(*) FROM app.slots) * interval '1 hour'", "2025-01-01T03:00:00+00:00"),  # 3 visible
+])
+async def test_a_sub_query_reads_the_principals_tables_as_the_principal(slots: Tenant, db: str, clock: Clock,
+                                                                        interval: str, expected: str) -> None:
+    slots.apply(doc(1, INTERVAL=interval))
+    async with scheduler(db, clock) as s:
+        assert await s.run_due() == 1
+    found = slots.doc(1)
+    assert (found["status"], found["props"]["NEXT_RUN"]) == ("CRON_TABLE_ACTIVE", expected), found
+
+
+async def test_random_spreads_the_next_run(tenant: Tenant, db: str, clock: Clock) -> None:
+    tenant.apply([doc(n, INTERVAL="now() + interval '1 hour' + random() * interval '10 minutes'")
+                  for n in range(1, 6)])
+    async with scheduler(db, clock) as s:
+        assert await s.run_due() == 5
+    times = {tenant.props(n)["NEXT_RUN"] for n in range(1, 6)}
+    assert all(T0 + HOUR <= dt.datetime.fromisoformat(t) <= T0 + HOUR + 10 * MINUTE for t in times), times
+    assert len(times) > 1  # drawn per run
+
+
+# -- limits -------------------------------------------------------------------------------------------------
+
+async def test_a_flat_sum_of_eighty_terms_runs(tenant: Tenant, db: str, clock: Clock) -> None:
+    eighty = "now()" + " + interval '1 minute'" * 80
+    tenant.apply(doc(1, INTERVAL=eighty))
+    async with scheduler(db, clock) as s:
+        assert await s.run_due() == 1
+    found = tenant.doc(1)
+    assert (found["status"], found["props"]["NEXT_RUN"]) == ("CRON_TABLE_ACTIVE", (T0 + 80 * MINUTE).isoformat())
+
+
+async def test_postgresql_evaluates_what_the_limits_let_through(tenant: Tenant) -> None:
+    """The longest run of one operator (MAX_LENGTH characters) and the deepest nesting (MAX_DEPTH)."""
+    terms = (MAX_LENGTH - 40) // 4
+    examples = {
+        "now() + interval '1 second' * (1" + " + 1" * terms + ")": T0 + (terms + 1) * dt.timedelta(seconds=1),
+        "now() + (interval '1 s'" + " + (interval '1 s'" * (MAX_DEPTH - 2) + ")" * (MAX_DEPTH - 2) + ")":
+            T0 + (MAX_DEPTH - 1) * dt.timedelta(seconds=1),
+        "coalesce(" * MAX_DEPTH + "now()" + ")" * MAX_DEPTH: T0,
+    }
+    async with await psycopg.AsyncConnection.connect(tenant.dsn, autocommit=True) as c:
+        for text, expected in examples.items():
+            assert len(text) <= MAX_LENGTH
+            assert await evaluate(c, check(text), T0) == expected, text[:80]
