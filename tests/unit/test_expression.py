@@ -193,6 +193,8 @@ def test_random_and_sub_queries_over_tables_are_accepted(text: str) -> None:
      "function set_config() is not allowed"),
     ("(SELECT nextval('app.seq') FROM app.t)::text::timestamptz", "function nextval() is not allowed"),
     ("(SELECT max(at) FROM app.t WHERE dblink_exec('x') = 'y')", "function dblink_exec() is not allowed"),
+    ("(SELECT max(at) FROM app.t WHERE EXISTS (SELECT 1 FROM app.u WHERE dblink('x', 'y') IS NULL))",
+     "function dblink() is not allowed"),
     ("(SELECT max(at) FROM app.t FOR UPDATE)", "FOR UPDATE/SHARE is not allowed in a sub-query"),
     ("(SELECT max(at) FROM app.t FOR SHARE)", "FOR UPDATE/SHARE is not allowed in a sub-query"),
     ("(WITH d AS (DELETE FROM app.t RETURNING at) SELECT max(at) FROM d)", "WITH is not allowed in a sub-query"),
