@@ -136,3 +136,23 @@ def test_registered_in_the_radixjobs_command(cli: Run, seed_file: Path) -> None:
     assert bad.returncode == 1
     assert "status is missing" in bad.stderr
     assert "NUM is missing" in bad.stderr
+
+
+def test_a_disabled_document_is_applied_and_left_alone_by_the_real_command(cli: Run, seed_file: Path, tmp_path: Path,
+                                                                           conn: psycopg.Connection[Any]) -> None:
+    """The seed: any status but ACTIVE disables the task. ``docs apply`` takes it; ``docs run`` does not run it."""
+    disabled = tmp_path / "disabled.json"
+    disabled.write_text(json.dumps({**SEED, "status": "CRON_TABLE_DISABLED"}, ensure_ascii=False), encoding="utf-8")
+    applied = cli("docs", "apply", "--json", str(disabled))
+    assert applied.returncode == 0, applied.stderr
+    assert json.loads(applied.stdout) == [{"num": "101", "action": "created", "version": 1, "ignored": []}]
+    ran = cli("docs", "run", "--once", "--json")
+    assert ran.returncode == 0, ran.stderr
+    assert json.loads(ran.stdout)["runs"] == 0
+    assert [d["status"] for d in json.loads(cli("docs", "list", "--json").stdout)] == ["CRON_TABLE_PASSIVE"]
+    assert conn.execute("SELECT count(*) FROM public.archived").fetchone() == (0,)
+
+    active = cli("docs", "apply", "--json", str(seed_file))  # ACTIVE again: re-armed, due at FIRST_RUN (past)
+    assert json.loads(active.stdout)[0]["action"] == "updated"
+    assert json.loads(cli("docs", "run", "--once", "--json").stdout)["runs"] == 1
+    assert conn.execute("SELECT count(*) FROM public.archived").fetchone() == (1,)

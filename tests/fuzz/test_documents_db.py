@@ -85,7 +85,8 @@ def plausible_documents(draw: st.DrawFn) -> dict[str, Any]:
         props["FIRST_RUN"] = draw(st.sampled_from(["2025-01-01T00:00:00", "2030-06-01 12:00:00+02:00"]))
     if draw(st.booleans()):
         props["MAX_COUNT_ERROR"] = draw(st.integers(0, 5))
-    status = draw(st.sampled_from(["CRON_TABLE_ACTIVE", "CRON_TABLE_PASSIVE", "CRON_TABLE_ERROR"]))
+    status = draw(st.sampled_from(["CRON_TABLE_ACTIVE", "CRON_TABLE_PASSIVE", "CRON_TABLE_ERROR",
+                                       "CRON_TABLE_DISABLED"]))
     return {"dockind": "CRON_TABLE", "status": status, "props": props}
 
 

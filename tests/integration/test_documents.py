@@ -398,8 +398,10 @@ INJECTIONS = [
     "now()); DROP TABLE app.victim; SELECT (now()",
     "now(); DROP TABLE app.victim",
     "now()) FROM app.secrets WHERE s::int > 0 --",
-    "(SELECT max(s) FROM app.secrets)::timestamptz",
-    "now() + (SELECT count(*) FROM app.secrets) * interval '1 day'",
+    # sub-queries read the principal's tables (test_documents_seed.py), but never lock, write or call more
+    "(SELECT max(s) FROM app.secrets FOR UPDATE)::timestamptz",
+    "now() + (SELECT count(*) FROM app.secrets WHERE pg_sleep(5) IS NULL) * interval '1 day'",
+    "(WITH gone AS (DELETE FROM app.victim RETURNING x) SELECT max(x) FROM gone)::text::timestamptz",
     "now() + pg_sleep(5)::text::interval",
     "nextval('app.seq')::text::timestamptz",
 ]

@@ -50,6 +50,20 @@ def test_csp_document_is_valid() -> None:
     assert validate(doc_with(DB_FUNCTION=..., CSP_SERVICE="x", CSP_SERVICE_PARAMS={"a": [1]})) == []
 
 
+@pytest.mark.parametrize("status", ["CRON_TABLE_ACTIVE", "CRON_TABLE_PASSIVE", "CRON_TABLE_ERROR",
+                                    "CRON_TABLE_DISABLED", "CRON_TABLE_ON_HOLD_2"])
+def test_any_cron_table_status_is_valid(status: str) -> None:
+    """The seed: any status but ACTIVE disables the task (the database stores the others as PASSIVE)."""
+    assert validate({**SEED, "status": status}) == []
+
+
+@pytest.mark.parametrize("status", ["cron_table_active", "Cron_Table_Disabled", "CRON_TABLE_", "CRON_TABLE",
+                                    "CRON_TABLE_DISABLED ", "CRON-TABLE-DISABLED", "CRON_TABLE_É", ""])
+def test_a_status_not_of_the_form_cron_table_name_is_refused(status: str) -> None:
+    assert [p.split(", not ")[0] for p in validate({**SEED, "status": status})] == [
+        "NUM 101: status must be CRON_TABLE_ACTIVE, CRON_TABLE_PASSIVE or CRON_TABLE_ERROR"]
+
+
 def test_maintained_and_reserved_props_are_accepted() -> None:
     doc = doc_with(NEXT_RUN="2030-01-01", COUNT_ERROR=7, SYS_PROCESS_ID=3, ERROR_TEXT="x",
                    PERIODICAL_RUN={"any": "thing"}, DEL_ON_FINISH=True, RUN_AS="alice")

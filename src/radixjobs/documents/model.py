@@ -35,8 +35,10 @@ RESERVED_PROPS: Final = ("PERIODICAL_RUN", "DEL_ON_FINISH")
 MAINTAINED_PROPS: Final = ("SYS_PROCESS_ID", "COUNT_ERROR", "LAST_RUN", "NEXT_RUN", "DAILY_START_TIME",
                            "DAILY_END_TIME", "ERROR_TEXT")
 KNOWN_PROPS: Final = frozenset(DEFINITION_PROPS + RESERVED_PROPS + MAINTAINED_PROPS)
-_STATUS_VALUES: Final = frozenset(s.value for s in Status)
 _STATUSES: Final = "CRON_TABLE_ACTIVE, CRON_TABLE_PASSIVE or CRON_TABLE_ERROR"
+# A status a document may be given: ACTIVE runs the task; any other CRON_TABLE_<NAME> (CRON_TABLE_DISABLED…)
+# disables it, as the seed says. PASSIVE and ERROR are stored as given, any other as PASSIVE (radix._doc_write).
+_STATUS: Final = re.compile(r"CRON_TABLE_[A-Z0-9_]+")
 _TIMESTAMP: Final = re.compile(
     r"[0-9]{4}-[0-9]{2}-[0-9]{2}([T ][0-9]{2}:[0-9]{2}(:[0-9]{2}(\.[0-9]{1,6})?)?(Z|[+-][0-9]{2}(:?[0-9]{2})?)?)?")
 _INTEGER: Final = re.compile(r"-?[0-9]{1,100}")
@@ -164,7 +166,7 @@ def document_problems(doc: Any) -> list[str]:
     status = doc.get("status")
     if status is None:
         out.append(f"status is missing ({_STATUSES})")
-    elif not (isinstance(status, str) and status in _STATUS_VALUES):
+    elif not (isinstance(status, str) and _STATUS.fullmatch(status)):
         out.append(f"status must be {_STATUSES}" + _not(status))
     props = doc.get("props")
     if props is None:

@@ -62,6 +62,8 @@ END $$;
 
 -- Every structural problem of one document, in a fixed order (empty: valid). Pure: no catalog
 -- lookups; RUN_AS and ownership are checked by the apply functions. Texts match documents/model.py.
+-- A status is CRON_TABLE_ACTIVE or any other CRON_TABLE_<NAME>, which disables the task (the seed: "any
+-- status but ACTIVE"); radix._doc_write stores the latter as PASSIVE unless it is PASSIVE or ERROR.
 CREATE OR REPLACE FUNCTION radix.document_problems(doc jsonb) RETURNS text[]
 LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
@@ -97,8 +99,7 @@ BEGIN
     v := doc->'status';
     IF NOT radix._doc_present(v) THEN
         out := out || ('status is missing (' || statuses || ')');
-    ELSIF jsonb_typeof(v) <> 'string'
-          OR v #>> '{}' NOT IN ('CRON_TABLE_ACTIVE', 'CRON_TABLE_PASSIVE', 'CRON_TABLE_ERROR') THEN
+    ELSIF jsonb_typeof(v) <> 'string' OR v #>> '{}' !~ '^CRON_TABLE_[A-Z0-9_]+$' THEN
         out := out || ('status must be ' || statuses
                        || CASE WHEN jsonb_typeof(v) = 'string' THEN ', not ' || quote_literal(v #>> '{}') ELSE '' END);
     END IF;
@@ -179,9 +180,11 @@ SET jit = off
 RETURN CASE WHEN single THEN coalesce('NUM ' || radix.document_num(doc) || ': ', '')
             ELSE 'document ' || pos || coalesce(' (NUM ' || radix.document_num(doc) || ')', '') || ': ' END;
 
--- Write one checked document (its key is locked by the caller). Identical definition and status:
--- nothing changes. Otherwise the version goes up; a status set back to ACTIVE re-arms the task
--- (error counter, error text and NEXT_RUN cleared: due at FIRST_RUN, or now). Run state is kept.
+-- Write one checked document (its key is locked by the caller). A disabling status other than PASSIVE and
+-- ERROR (CRON_TABLE_DISABLED…) is stored as PASSIVE: the table holds the statuses the scheduler knows.
+-- Identical definition and stored status: nothing changes. Otherwise the version goes up; a status set
+-- back to ACTIVE re-arms the task (error counter, error text and NEXT_RUN cleared: due at FIRST_RUN, or
+-- now). Run state is kept.
 CREATE OR REPLACE FUNCTION radix._doc_write(caller oid, doc jsonb) RETURNS jsonb
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
@@ -194,7 +197,8 @@ DECLARE
     key text := radix.document_num(doc);
     principal pg_roles;
     new_props jsonb;
-    new_status text := doc->>'status';
+    new_status text := CASE WHEN doc->>'status' IN ('CRON_TABLE_ACTIVE', 'CRON_TABLE_ERROR') THEN doc->>'status'
+                            ELSE 'CRON_TABLE_PASSIVE' END;
     ignored jsonb := (SELECT coalesce(jsonb_agg(k ORDER BY k COLLATE "C"), '[]')
                       FROM jsonb_object_keys(doc->'props') k WHERE k = ANY (maintained));
     old radix.cron_table;
