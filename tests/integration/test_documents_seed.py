@@ -17,6 +17,7 @@ from radixjobs.documents import DocumentError
 from radixjobs.documents.expression import MAX_DEPTH, MAX_LENGTH, check, evaluate
 from radixjobs.documents.model import document_problems
 from tests.integration.test_documents import HOUR, MINUTE, T0, Clock, Tenant, clock, doc, scheduler, tenant
+from tests.support import document_runs
 
 __all__ = ["clock", "tenant"]  # fixtures
 
@@ -32,7 +33,7 @@ async def test_a_disabled_task_keeps_its_state_does_not_run_and_resumes_when_act
     tenant.admin.execute("UPDATE work.switch SET failing = true")
     tenant.apply(doc(1, FIRST_RUN=FIRST, MAX_COUNT_ERROR=5))
     async with scheduler(db, clock) as s:
-        assert await s.run_due() == 1  # fails: COUNT_ERROR 1, due again in an hour
+        assert await document_runs(s) == 1  # fails: COUNT_ERROR 1, due again in an hour
         failed = tenant.props(1)
         assert failed["COUNT_ERROR"] == 1
         disabled = doc(1, FIRST_RUN=FIRST, MAX_COUNT_ERROR=5, status="CRON_TABLE_DISABLED")
@@ -43,15 +44,15 @@ async def test_a_disabled_task_keeps_its_state_does_not_run_and_resumes_when_act
         assert found["status"] == "CRON_TABLE_PASSIVE"
         assert _run_state(found["props"]) == _run_state(failed)  # the run state is kept while disabled
         clock.now += 48 * HOUR
-        assert await s.run_due() == 0
-        assert await s.next_due_in() is None
+        assert await document_runs(s) == 0
+        assert await s.work.next_due_in() is None
         assert s.counters["doc_runs"] == 1
 
         tenant.admin.execute("UPDATE work.switch SET failing = false")
         assert tenant.apply(doc(1, FIRST_RUN=FIRST, MAX_COUNT_ERROR=5))[0]["version"] == 3
         rearmed = tenant.props(1)
         assert (rearmed["COUNT_ERROR"], rearmed["NEXT_RUN"], rearmed["ERROR_TEXT"]) == (0, None, None)
-        assert await s.run_due() == 1  # ACTIVE again: it resumes at once (FIRST_RUN has passed)
+        assert await document_runs(s) == 1  # ACTIVE again: it resumes at once (FIRST_RUN has passed)
     found = tenant.doc(1)
     assert (found["status"], found["props"]["COUNT_ERROR"]) == ("CRON_TABLE_ACTIVE", 0)
     assert tenant.archive() == [tenant.role]
@@ -63,7 +64,7 @@ async def test_a_task_created_disabled_never_runs_whatever_writes_it(tenant: Ten
     assert tenant.apply_sql(doc(2, status="CRON_TABLE_ON_HOLD"))["action"] == "created"  # SQL users alike
     assert tenant.apply_sql(doc(3, status="CRON_TABLE_ERROR"))["action"] == "created"
     async with scheduler(db, clock) as s:
-        assert await s.run_due() == 0
+        assert await document_runs(s) == 0
     assert [tenant.doc(n)["status"] for n in (1, 2, 3)] == [
         "CRON_TABLE_PASSIVE", "CRON_TABLE_PASSIVE", "CRON_TABLE_ERROR"]
     assert tenant.archive() == []
@@ -124,7 +125,7 @@ async def test_a_sub_query_reads_the_principals_tables_as_the_principal(slots: T
                                                                         interval: str, expected: str) -> None:
     slots.apply(doc(1, INTERVAL=interval))
     async with scheduler(db, clock) as s:
-        assert await s.run_due() == 1
+        assert await document_runs(s) == 1
     found = slots.doc(1)
     assert (found["status"], found["props"]["NEXT_RUN"]) == ("CRON_TABLE_ACTIVE", expected), found
 
@@ -133,7 +134,7 @@ async def test_random_spreads_the_next_run(tenant: Tenant, db: str, clock: Clock
     tenant.apply([doc(n, INTERVAL="now() + interval '1 hour' + random() * interval '10 minutes'")
                   for n in range(1, 6)])
     async with scheduler(db, clock) as s:
-        assert await s.run_due() == 5
+        assert await document_runs(s) == 5
     times = {tenant.props(n)["NEXT_RUN"] for n in range(1, 6)}
     assert all(T0 + HOUR <= dt.datetime.fromisoformat(t) <= T0 + HOUR + 10 * MINUTE for t in times), times
     assert len(times) > 1  # drawn per run
@@ -145,7 +146,7 @@ async def test_a_flat_sum_of_eighty_terms_runs(tenant: Tenant, db: str, clock: C
     eighty = "now()" + " + interval '1 minute'" * 80
     tenant.apply(doc(1, INTERVAL=eighty))
     async with scheduler(db, clock) as s:
-        assert await s.run_due() == 1
+        assert await document_runs(s) == 1
     found = tenant.doc(1)
     assert (found["status"], found["props"]["NEXT_RUN"]) == ("CRON_TABLE_ACTIVE", (T0 + 80 * MINUTE).isoformat())
 

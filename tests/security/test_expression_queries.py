@@ -18,6 +18,7 @@ from radixjobs.documents import DocumentError
 from radixjobs.documents.expression import CheckedExpression, EvaluationFailed, evaluate
 from radixjobs.engine.principals import PrincipalPools
 from tests.integration.test_documents import T0, Clock, Tenant, clock, doc, scheduler, tenant
+from tests.support import document_runs
 
 __all__ = ["clock", "tenant"]  # fixtures
 
@@ -51,7 +52,7 @@ def _untouched(app: Tenant) -> None:
 async def test_a_table_the_principal_may_not_read_fails_redacted(app: Tenant, db: str, clock: Clock) -> None:
     app.apply(doc(1, INTERVAL="(SELECT max(secret) FROM app.vault)::timestamptz"))  # privileges are PostgreSQL's
     async with scheduler(db, clock) as s:
-        assert await s.run_due() == 1
+        assert await document_runs(s) == 1
     found = app.doc(1)
     assert found["status"] == "CRON_TABLE_PASSIVE"
     error = found["props"]["ERROR_TEXT"]
@@ -84,7 +85,7 @@ async def test_a_sub_query_is_no_way_around_the_rules(app: Tenant, db: str, cloc
         app.apply_sql(doc(n, INTERVAL=payload))  # written with SQL: refused when it is first needed
     started = time.monotonic()
     async with scheduler(db, clock) as s:
-        assert await s.run_due() == len(SMUGGLED)
+        assert await document_runs(s) == len(SMUGGLED)
     assert time.monotonic() - started < 5  # pg_sleep never ran
     for n in range(1, len(SMUGGLED) + 1):
         found = app.doc(n)
@@ -121,7 +122,7 @@ async def test_a_sub_query_that_runs_forever_is_cancelled_by_the_timeout(app: Te
     app.apply(doc(1, INTERVAL="now() + (SELECT count(*) FROM app.big a, app.big b, app.big c) * interval '1 s'"))
     started = time.monotonic()
     async with scheduler(db, clock, expression_timeout_ms=300) as s:
-        assert await s.run_due() == 1
+        assert await document_runs(s) == 1
     assert time.monotonic() - started < 20
     found = app.doc(1)
     assert found["status"] == "CRON_TABLE_PASSIVE"
@@ -135,7 +136,7 @@ async def test_a_sub_query_waiting_for_a_lock_is_cancelled_by_the_timeout(app: T
         holder.execute("LOCK TABLE app.slots IN ACCESS EXCLUSIVE MODE")
         started = time.monotonic()
         async with scheduler(db, clock, expression_timeout_ms=300) as s:
-            assert await s.run_due() == 1
+            assert await document_runs(s) == 1
         assert time.monotonic() - started < 20
         holder.rollback()
     found = app.doc(1)
