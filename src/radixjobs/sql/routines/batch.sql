@@ -142,6 +142,9 @@ BEGIN
     END IF;
 END $$;
 
+-- start_ticks: start_tick's lock and checks for every tick of a batch at once, a row per tick (its refusal,
+-- or its frame and stored arguments). A tick whose job is not WITH (batch = on) as of now (ALTER JOB ... SET
+-- (batch = off) since it was found) is not started: RXT03, and the daemon runs it alone after the batch.
 CREATE OR REPLACE FUNCTION radix.start_ticks(jobs uuid[], planned bigint[], macs text[])
 RETURNS TABLE (ordinal integer, error_sqlstate text, error_message text, frame text,
                arguments jsonb)
@@ -157,6 +160,7 @@ DECLARE
     found_at integer[];
     refusals integer[];
     signatures text[];
+    batchable boolean[];
     frames text[];
     values_of jsonb[];
     at integer;
@@ -178,11 +182,11 @@ BEGIN
         SELECT k.secret, radix._session_key_of(k.secret, pg_backend_pid(), a.backend_start) AS key
         FROM radix.attempt_secret k, pg_stat_get_activity(pg_backend_pid()) a
     )
-    SELECT array_agg(x.i), array_agg(x.refused), array_agg(x.signature), array_agg(x.frame),
-           array_agg(x.arguments)
-    INTO found_at, refusals, signatures, frames, values_of
+    SELECT array_agg(x.i), array_agg(x.refused), array_agg(x.signature), array_agg(x.batch_ticks),
+           array_agg(x.frame), array_agg(x.arguments)
+    INTO found_at, refusals, signatures, batchable, frames, values_of
     FROM (
-        SELECT u.i::integer AS i, c.refused, j.procedure_signature AS signature, j.arguments,
+        SELECT u.i::integer AS i, c.refused, j.procedure_signature AS signature, j.batch_ticks, j.arguments,
                f.text || '/' || radix._tick_frame_mac(this_xact || '/' || f.text) AS frame
         FROM unnest(jobs, planned, macs) WITH ORDINALITY AS u(job, planned_ns, mac, i)
         JOIN radix.radix_system_job_state s ON s.job_id = u.job
@@ -214,6 +218,9 @@ BEGIN
         ELSIF at IS NULL THEN
             error_sqlstate := 'RXT01';
             error_message := 'the tick is not this session''s to run: it ran, or changed since it was found';
+        ELSIF NOT batchable[at] THEN
+            error_sqlstate := 'RXT03';
+            error_message := 'the tick is not run in a batch: its job is not WITH (batch = on)';
         ELSIF refusals[at] = 1 THEN
             error_sqlstate := '42501';
             error_message := 'permission denied: the attempt is not logged in as its principal';
