@@ -1,8 +1,9 @@
 -- A batch of ticks: started, run and ended in one transaction of the principal's.
 
--- start_tick: begin_tick's lock, checks and frame, the same statements in the same order, with its
--- refusals (RXT01: not this session's tick; 42501, 42883: refused) returned as `error_sqlstate` and
--- `error_message` instead of raised; nothing is written then. Errors other than those still raise.
+-- start_tick: begin_tick's lock, checks, frame and arguments (the tick's stored arguments in the setting
+-- `radix.arguments`, until the transaction ends), with its refusals (RXT01: not this session's tick; 42501,
+-- 42883: refused) returned as `error_sqlstate` and `error_message` instead of raised; nothing is written or
+-- set then. Errors other than those still raise.
 CREATE OR REPLACE FUNCTION radix.start_tick(job uuid, planned_ns bigint, mac text, OUT error_sqlstate text,
                                  OUT error_message text)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
@@ -21,7 +22,7 @@ BEGIN
         error_message := 'the tick is not this session''s to run: another session runs it';
         RETURN;
     END IF;
-    SELECT s.attempt, j.procedure_signature, x.token,
+    SELECT s.attempt, j.procedure_signature, x.token, j.arguments,
            r.refused
     INTO c
     FROM radix.radix_system_job_state s
@@ -64,6 +65,8 @@ BEGIN
     ON CONFLICT (pid) DO UPDATE SET backend_start = excluded.backend_start, job_id = excluded.job_id,
         attempt = excluded.attempt, planned_ns = excluded.planned_ns,
         idempotency_key = excluded.idempotency_key, lease_token = excluded.lease_token;
+    -- (never left unset: a default of the principal's own, ALTER ROLE ... SET radix.arguments, is not read)
+    PERFORM set_config('radix.arguments', c.arguments::text, true);
 END $$;
 
 -- end_ticks: the end of a batch's ticks: `jobs`, with their ticks (`planned`), attempts (`attempts`: the
