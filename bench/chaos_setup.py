@@ -109,8 +109,9 @@ GRANTS = ["GRANT USAGE ON SCHEMA chaos TO {p}", "GRANT INSERT ON chaos.effects, 
 # (kind, procedure, count, schedule maker); kinds are the effect kinds the checks know
 INTERVAL_KINDS = [("atomic", "chaos.atomic", 40), ("non_atomic", "chaos.non_atomic", 15),
                   ("conflict", "chaos.conflict", 10), ("fail", "chaos.fail", 5)]
-# atomic jobs whose procedure sleeps at most QUICK_MS, all EVERY 1 second from the same start: due together,
-# short enough to run in batches of ticks (engine/batches.py) whenever they queue up behind the free slots
+# atomic jobs WITH (batch = on) whose procedure sleeps at most QUICK_MS, all EVERY 1 second from the same start:
+# due together, short enough to run in batches of ticks (engine/batches.py) whenever they queue up behind the
+# free slots
 QUICK_JOBS = 40
 QUICK_MS = 2
 CRON_JOBS = 10
@@ -169,9 +170,9 @@ def chaos_world(rng: random.Random, keep: bool = False) -> Iterator[World]:
 
 
 def _job(conn: psycopg.Connection[Any], name: str, schedule: str, procedure: str, kind: str,
-         max_ms: int = MAX_MS) -> None:
+         max_ms: int = MAX_MS, options: str = "") -> None:
     catalog.execute_job_ddl(conn, f"CREATE JOB {name} SCHEDULE {schedule} RUN AS {PRINCIPAL} "
-                                  f"CALL {procedure}('{kind}', {max_ms})")
+                                  f"CALL {procedure}('{kind}', {max_ms}) {options}")
 
 
 def make_jobs(world: World, conn: psycopg.Connection[Any], rng: random.Random) -> None:
@@ -187,7 +188,7 @@ def make_jobs(world: World, conn: psycopg.Connection[Any], rng: random.Random) -
     for i in range(QUICK_JOBS):
         name = f"chaos.quick_{i}"
         _job(conn, name, f"EVERY INTERVAL '1 second' STARTING AT TIMESTAMP '{start[0].astimezone(dt.UTC).isoformat()}'",
-             "chaos.atomic", "atomic", QUICK_MS)
+             "chaos.atomic", "atomic", QUICK_MS, "WITH (batch = on)")
         world.kinds[name], world.every_ns[name] = "atomic", 10**9
     for i in range(CRON_JOBS):
         name, seconds = f"chaos.cron_{i}", rng.choice([2, 3, 5])

@@ -154,12 +154,13 @@ clone AS (SELECT g, gen_random_uuid() AS job_id, (g::numeric * %(spread_ns)s / %
 made AS (
     INSERT INTO radix.jobs (job_id, schema_name, job_name, owner_oid, owner_name, principal_oid, principal_name,
                             procedure_oid, procedure_signature, arguments, schedule_kind, interval_ns,
-                            starting_at_ns, at_ns, cron_expression, cron_time_zone, enabled, deadline_ms)
+                            starting_at_ns, at_ns, cron_expression, cron_time_zone, enabled, deadline_ms,
+                            batch_ticks)
     SELECT c.job_id, t.schema_name, %(prefix)s || c.g, t.owner_oid, t.owner_name, t.principal_oid,
            t.principal_name, t.procedure_oid, t.procedure_signature,
            CASE WHEN %(vary)s THEN jsonb_set(t.arguments, '{0,value}', to_jsonb(c.g::text)) ELSE t.arguments END,
            t.schedule_kind, t.interval_ns, t.starting_at_ns + c.offset_ns, t.at_ns, t.cron_expression,
-           t.cron_time_zone, t.enabled, t.deadline_ms
+           t.cron_time_zone, t.enabled, t.deadline_ms, t.batch_ticks
     FROM t, clone c
     RETURNING job_id, definition_version
 )

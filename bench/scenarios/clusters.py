@@ -40,7 +40,7 @@ def prepare(db: BenchDatabase, jobs: int) -> None:
     """``jobs`` one-time jobs, held back (due_ns NULL) until every cluster is ready."""
     with db.connect() as conn:
         conn.execute(b"INSERT INTO bench.counters (id) SELECT g FROM generate_series(0, %s) g", (jobs - 1,))
-        conn.execute(CREATE_JOB.encode(), (db.principal,))
+        conn.execute(CREATE_JOB.encode(), (db.principal, False))  # the default options: no tick batches
         clone_jobs(conn, "t0", "t", jobs - 1, vary=True)
         conn.execute(b"UPDATE radix.radix_system_job_state SET due_ns = NULL")
 

@@ -18,7 +18,8 @@ backend alone is read (no other backend, no client, no concurrency). Rounds alte
 procedure in its own transaction, as the principal, pays. ``--history N`` first gives every job N rows of
 history (then VACUUM ANALYZE), as a recurring job has once it has run N times: at or past its limit (256 by
 default) every tick also prunes its oldest row. ``--batch K`` sends K ticks per transaction, as the daemon's
-tick batches do (``BEGIN; SELECT … FROM radix.run_ticks(…); COMMIT; <clean>``, engine/batches.py). The
+tick batches do (``BEGIN; SELECT … FROM radix.run_ticks(…); COMMIT; <clean>``, engine/batches.py), of jobs
+``WITH (batch = on)``. The
 jobs are one-time jobs, each run once; ``--recurring`` runs 500 jobs EVERY 1 hour instead, each many times,
 made due again when none is (every job runs once before the rounds: a job's later ticks, as in a daemon that
 has run for a while). ``--perf FILE`` runs one more
@@ -50,13 +51,14 @@ from radixjobs.engine.principals import principal_dsn
 from radixjobs.engine.ticks import FIND_TICKS, Tick, tick_query
 from radixjobs.model import AtSchedule
 
+# WITH (batch = on) when the ticks run in batches (--batch K): radix.start_ticks starts no other job's tick
 CREATE_JOB = """
 SELECT radix.create_job('bench.t0', jsonb_build_object('at', clock_timestamp()::text), %s, 'bench.touch',
-                        jsonb_build_object('row_id', 0))
+                        jsonb_build_object('row_id', 0), options => jsonb_build_object('batch', %s::bool))
 """
 CREATE_RECURRING = """
 SELECT radix.create_job('bench.t0', jsonb_build_object('every', '1 hour'), %s, 'bench.touch',
-                        jsonb_build_object('row_id', 0))
+                        jsonb_build_object('row_id', 0), options => jsonb_build_object('batch', %s::bool))
 """
 # --recurring: every job due again, its planned tick kept (the tests' controllable clock)
 DUE_AGAIN = "UPDATE radix.radix_system_job_state SET due_ns = radix.to_ns(clock_timestamp())"
@@ -184,7 +186,7 @@ def run(db: BenchDatabase, args: argparse.Namespace) -> dict[str, Any]:
     jobs = RECURRING_JOBS if args.recurring else consumed + 400
     with db.connect() as conn:
         conn.execute(b"INSERT INTO bench.counters (id) VALUES (0)")
-        conn.execute((CREATE_RECURRING if args.recurring else CREATE_JOB).encode(), (db.principal,))
+        conn.execute((CREATE_RECURRING if args.recurring else CREATE_JOB).encode(), (db.principal, args.batch > 1))
         clone_jobs(conn, "t0", "c", jobs - 1, vary=False)
         if args.history > 0:
             conn.execute(HISTORY.encode(), (args.history,))

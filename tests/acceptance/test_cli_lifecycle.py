@@ -29,14 +29,14 @@ def _setup(cli: Run, roles: Any, body: str = "INSERT INTO app.runs DEFAULT VALUE
 
 def test_alter_set_rename_and_show(cli: Run, roles: Any) -> None:
     _setup(cli, roles)
-    res = cli("sql", "-c", "ALTER JOB app.job SET (timeout = '2 hours', max_attempts = 2, coalesce = off), "
+    res = cli("sql", "-c", "ALTER JOB app.job SET (timeout = '2 hours', max_attempts = 2, coalesce = off, batch = on), "
                            "SET SCHEDULE CRON '0 3 * * *'", "-c", "ALTER JOB app.job RENAME TO app.nightly")
     assert res.returncode == 0, res.stderr
     assert res.stdout.splitlines() == ["ALTER JOB", "ALTER JOB"]
     shown = cli("jobs", "show", "app.nightly")
     assert shown.returncode == 0, shown.stderr
-    for line in ("timeout", "2 hours"), ("max_attempts", "2"), ("coalesce", "off"), ("history", "256"), \
-                ("time_zone", "UTC"):
+    for line in ("timeout", "2 hours"), ("max_attempts", "2"), ("coalesce", "off"), ("batch", "on"), \
+                ("history", "256"), ("time_zone", "UTC"):
         assert any(line[0] in row and row.rstrip().endswith(line[1]) for row in shown.stdout.splitlines()), line
     bad = cli("sql", "-c", "ALTER JOB app.nightly SET (history = 0)")
     assert bad.returncode == 1

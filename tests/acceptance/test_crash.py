@@ -92,7 +92,8 @@ def test_a_batch_killed_inside_a_procedure_commits_none_of_its_ticks(app: App, t
         END $$""")
     tags = ["lead", *(f"t{i}" for i in range(5))]
     for day, tag in enumerate(tags, 1):  # the lead runs alone, then t0 ... t4 in one batch (engine/batches.py)
-        app.job(f"CREATE JOB app.{tag} SCHEDULE AT TIMESTAMP '2020-01-0{day}' RUN AS {{p}} CALL app.part('{tag}')")
+        app.job(f"CREATE JOB app.{tag} SCHEDULE AT TIMESTAMP '2020-01-0{day}' RUN AS {{p}} CALL app.part('{tag}') "
+                f"WITH (batch = on)")
     proc = subprocess.Popen([sys.executable, "-m", "tests.acceptance.crash_runner", app.dsn, "batch",
                              str(tmp_path / "reached")])
     wait_for(lambda: app.conn.execute("SELECT count(*) FROM pg_stat_activity WHERE query LIKE '%%radix.run_ticks(%%' "

@@ -32,12 +32,12 @@ END $$
 pytestmark = pytest.mark.usefixtures("batchable")  # batches form whatever the machine's load
 
 
-def _jobs(app: App, tags: list[str], options: str = "") -> list[str]:
-    """One due job per tag, each calling app.maybe(tag), after a job 'lead' due before them: the lead runs
-    alone (its procedure's duration is not known yet), and the others then form batches."""
+def _jobs(app: App, tags: list[str], options: str = "batch = on") -> list[str]:
+    """One due job per tag WITH (``options``), each calling app.maybe(tag), after a job 'lead' due before them:
+    the lead runs alone (its procedure's duration is not known yet), and the others then form batches."""
     app.conn.execute(MAYBE.encode())
     return [app.job(f"CREATE JOB app.j{i} SCHEDULE AT TIMESTAMP '{2019 if i == 0 else 2020}-01-01' RUN AS {{p}} "
-                    f"CALL app.maybe('{tag}') {options}") for i, tag in enumerate(["lead", *tags])]
+                    f"CALL app.maybe('{tag}') WITH ({options})") for i, tag in enumerate(["lead", *tags])]
 
 
 def _run(app: App, **kwargs: Any) -> Any:
@@ -99,7 +99,7 @@ def test_a_procedure_that_commits_inside_a_batch_runs_non_atomically(app: App) -
 
 
 def test_a_batch_that_times_out_runs_its_ticks_alone(app: App) -> None:
-    names = _jobs(app, ["a", "slow", "b"], "WITH (timeout = '1 second')")
+    names = _jobs(app, ["a", "slow", "b"], "batch = on, timeout = '1 second'")
     engine = _run(app)
     assert engine.counters["batched_ticks"] == 3
     # the batch was cancelled whole: nothing of it committed; then each tick ran alone
@@ -114,7 +114,7 @@ def test_recurring_ticks_in_a_batch_advance_to_their_next_tick(app: App) -> None
     # radix.end_ticks advances every state of the batch in one UPDATE: each to its own next tick
     app.conn.execute(MAYBE.encode())
     names = [app.job(f"CREATE JOB app.r{i} SCHEDULE EVERY INTERVAL '{i + 1} hour' RUN AS {{p}} "
-                     f"CALL app.maybe('r{i}')") for i in range(6)]
+                     f"CALL app.maybe('r{i}') WITH (batch = on)") for i in range(6)]
     before = {n: app.state(n)["planned_ns"] for n in names}
     for name in names:
         app.make_due(name)
@@ -133,7 +133,7 @@ def test_recurring_ticks_in_a_batch_advance_to_their_next_tick(app: App) -> None
 def test_ticks_in_batches_keep_each_jobs_history_at_its_limit(app: App) -> None:
     app.conn.execute(MAYBE.encode())
     names = [app.job(f"CREATE JOB app.h{i} SCHEDULE EVERY INTERVAL '1 hour' RUN AS {{p}} CALL app.maybe('h{i}') "
-                     f"WITH (history = 2)") for i in range(5)]
+                     f"WITH (history = 2, batch = on)") for i in range(5)]
     batched = 0
     planned: dict[str, list[int]] = {n: [] for n in names}
     for _ in range(4):

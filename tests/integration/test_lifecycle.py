@@ -229,18 +229,19 @@ def test_alter_set_run_as_call_and_options(app: App, roles: Any) -> None:
     app.conn.execute(sql.SQL("GRANT USAGE ON SCHEMA app TO {0}; GRANT INSERT, SELECT ON app.effects TO {0}; "
                              "GRANT USAGE ON SEQUENCE app.effects_id_seq TO {0}").format(sql.Identifier(other)))
     catalog.execute_job_ddl(app.conn, f"ALTER JOB app.multi SET RUN AS {other}, SET CALL app.record(tag => 'y'), "
-                                      "SET (timeout = '2 hours', max_attempts = 3, history = 1000, coalesce = off)")
+                                      "SET (timeout = '2 hours', max_attempts = 3, history = 1000, coalesce = off, "
+                                      "batch = on)")
     job = app.state(name)
     assert (job["principal"], job["deadline_ms"], job["max_attempts"], job["history_limit"],
-            job["coalesce_ticks"]) == (other, 7_200_000, 3, 1000, False)
+            job["coalesce_ticks"], job["batch_ticks"]) == (other, 7_200_000, 3, 1000, False, True)
     assert job["arguments"][0]["value"] == "y"
     catalog.run_job(app.conn, name)
     app.run()
     assert [(e[1], e[2]) for e in app.effects()] == [("y", other)]
-    catalog.execute_job_ddl(app.conn, "ALTER JOB app.multi RESET (timeout, max_attempts, history, coalesce)")
+    catalog.execute_job_ddl(app.conn, "ALTER JOB app.multi RESET (timeout, max_attempts, history, coalesce, batch)")
     job = app.state(name)
-    assert (job["deadline_ms"], job["max_attempts"], job["history_limit"], job["coalesce_ticks"]) == \
-        (240_000, 5, 256, True)
+    assert (job["deadline_ms"], job["max_attempts"], job["history_limit"], job["coalesce_ticks"],
+            job["batch_ticks"]) == (240_000, 5, 256, True, False)
 
 
 def test_alter_refusals_write_nothing(app: App, roles: Any) -> None:
@@ -359,9 +360,10 @@ def test_create_or_replace_keeps_id_owner_and_history(app: App) -> None:
 
 def test_options_at_create_and_their_errors(app: App) -> None:
     name = app.job(f"CREATE JOB app.opts {HOURLY} RUN AS {{p}} CALL app.record('x') "
-                   "WITH (max_attempts = 1, history = 100000, coalesce = 'off')")
+                   "WITH (max_attempts = 1, history = 100000, coalesce = 'off', batch = yes)")
     job = app.state(name)
-    assert (job["max_attempts"], job["history_limit"], job["coalesce_ticks"]) == (1, 100_000, False)
+    assert (job["max_attempts"], job["history_limit"], job["coalesce_ticks"], job["batch_ticks"]) == \
+        (1, 100_000, False, True)
     with pytest.raises(ParseError, match="time_zone applies to CRON schedules only"):
         app.job(f"CREATE JOB app.tz {HOURLY} RUN AS {{p}} CALL app.record('x') WITH (time_zone = 'UTC')")
     with pytest.raises(ParseError, match="given twice"):

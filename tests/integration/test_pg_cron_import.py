@@ -110,6 +110,8 @@ def test_import_maps_each_row_and_the_jobs_run(app: App) -> None:
     hourly = app.state("cron_import.pg_cron_3")
     assert hourly["schedule"] == "CRON '0 * * * *' TIME ZONE 'UTC'"
     assert (app.state("cron_import.paused")["enabled"], nightly["enabled"]) == (False, True)
+    # pg_cron ran each job in its own transaction: imported jobs take the default options (batch = off)
+    assert (nightly["batch_ticks"], every["batch_ticks"], hourly["batch_ticks"]) == (False, False, False)
     # the pg_cron user made its jobs and its wrappers, in the importer's schema
     assert {app.state(o.job)["owner"] for o in outcomes.values() if o.action == "created" and o.job} == {
         app.principal}

@@ -234,3 +234,20 @@ def test_a_running_row_past_the_limit_is_closed_then_pruned(app: App) -> None:
         app.make_due(name)
         app.run()
     assert [h["status"] for h in app.history(name)] == ["succeeded", "succeeded"]
+
+
+def test_the_hot_paths_rules_are_inlined_into_their_callers(app: App) -> None:
+    """Each rule the tick's statements use (docs/hot-path.md) is a SQL function the planner inlines: EXPLAIN
+    VERBOSE of a statement calling it shows its expression, not a call (an IMMUTABLE function whose body is
+    only STABLE, as extract() of a timestamptz is, would be called once per row instead)."""
+    shown = "\n".join(r[0] for r in app.conn.execute(
+        "EXPLAIN VERBOSE SELECT radix.to_ns(clock_timestamp()), "
+        "radix._mac_of(radix._session_key_of(k.secret, pg_backend_pid(), now()), "
+        "radix._token_of(k.secret, gen_random_uuid(), 1, 0, now())) FROM radix.attempt_secret k").fetchall())
+    assert "radix." not in shown.replace("radix.attempt_secret", ""), shown
+    # the same value as extract(epoch FROM t), whatever the session's time zone
+    app.conn.execute("SET TimeZone = 'America/St_Johns'")
+    assert app.conn.execute(
+        "SELECT count(*) FROM (SELECT clock_timestamp() + g * interval '11 hours 7 minutes 3.123457 seconds' AS t "
+        "FROM generate_series(-150000, 150000, 7) g) s "
+        "WHERE radix.to_ns(t) <> (extract(epoch FROM t) * 1000000000)::bigint").fetchone() == (0,)

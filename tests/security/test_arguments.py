@@ -94,11 +94,12 @@ def test_no_path_puts_an_argument_in_the_query_text(app: App, roles: Any, login:
     secret = f"s3cret-{uuid.uuid4().hex}"
     procedure = "app.victim_commits" if kind == "lease" else "app.victim"
     count = 5 if kind == "batch" else 1
+    options = "WITH (batch = on)" if kind == "batch" else ""
     if kind == "batch":  # the lead runs alone, then the backlog in a batch
-        app.job("CREATE JOB app.lead SCHEDULE AT TIMESTAMP '2019-01-01' RUN AS {p} CALL app.victim('lead')")
+        app.job("CREATE JOB app.lead SCHEDULE AT TIMESTAMP '2019-01-01' RUN AS {p} CALL app.victim('lead') " + options)
     for i in range(count):
         catalog.execute_job_ddl(alice, f"CREATE JOB app.v{i} SCHEDULE AT TIMESTAMP '2020-01-0{i + 1}' "
-                                       f"RUN AS {app.principal} CALL {procedure}(secret => '{secret}-{i}')")
+                                       f"RUN AS {app.principal} CALL {procedure}(secret => '{secret}-{i}') {options}")
     engine = run_engine(app.dsn, lambda e: e.run_due(), concurrency=1)
     assert engine.counters["successes"] == count + (1 if kind == "batch" else 0)
     if kind == "batch":

@@ -39,7 +39,8 @@ def test_a_role_switched_by_a_tick_does_not_reach_the_next_tick_of_its_batch(app
         sql.Identifier(other)))
     # due in this order: the lead alone, then a batch of a, switch, b, c
     for day, tag in enumerate(["lead", "a", "switch", "b", "c"], 1):
-        app.job(f"CREATE JOB app.{tag} SCHEDULE AT TIMESTAMP '2020-01-0{day}' RUN AS {{p}} CALL app.turns('{tag}')")
+        app.job(f"CREATE JOB app.{tag} SCHEDULE AT TIMESTAMP '2020-01-0{day}' RUN AS {{p}} CALL app.turns('{tag}') "
+                f"WITH (batch = on)")
     engine = run_engine(app.dsn, lambda e: e.run_due(), concurrency=1)
     assert engine.counters["batched_ticks"] == 4
     effects = app.effects()
@@ -95,11 +96,13 @@ def test_a_tick_that_ends_the_ticks_after_it_in_its_batch_ends_none(app: App, ro
     _grant(app, "GRANT USAGE, CREATE ON SCHEMA app TO {0}; GRANT {1} TO {0}", tenant, app.principal)
     app.conn.execute(HOSTILE.encode())
     tenant_conn = login(tenant)
-    app.job("CREATE JOB app.lead SCHEDULE AT TIMESTAMP '2019-01-01' RUN AS {p} CALL app.hostile('lead')")
+    app.job("CREATE JOB app.lead SCHEDULE AT TIMESTAMP '2019-01-01' RUN AS {p} CALL app.hostile('lead') "
+            "WITH (batch = on)")
     for i in range(8):  # the two owners' ticks due in turn, one procedure, one principal
-        app.job(f"CREATE JOB app.a{i} SCHEDULE AT TIMESTAMP '2020-01-0{i + 1}' RUN AS {{p}} CALL app.hostile('a{i}')")
+        app.job(f"CREATE JOB app.a{i} SCHEDULE AT TIMESTAMP '2020-01-0{i + 1}' RUN AS {{p}} CALL app.hostile('a{i}') "
+                f"WITH (batch = on)")
         catalog.execute_job_ddl(tenant_conn, f"CREATE JOB app.b{i} SCHEDULE AT TIMESTAMP '2020-01-0{i + 1}' "
-                                             f"RUN AS {app.principal} CALL app.hostile('b{i}')")
+                                             f"RUN AS {app.principal} CALL app.hostile('b{i}') WITH (batch = on)")
     engine = run_engine(app.dsn, lambda e: e.run_due(), concurrency=1)
     assert engine.counters["batched_ticks"] >= 8
     tags = [e[1] for e in app.effects()]
@@ -120,9 +123,11 @@ def test_a_tick_that_ends_an_earlier_tick_of_its_batch_rolls_the_batch_back(app:
     # batch's statement): a later tick's code that reads its MAC and ends it changes its state, end_ticks sees
     # the change and the whole batch rolls back. Each tick then runs alone: once, none ended unrun.
     app.conn.execute(HOSTILE.encode())
-    app.job("CREATE JOB app.lead SCHEDULE AT TIMESTAMP '2019-01-01' RUN AS {p} CALL app.hostile('lead')")
+    app.job("CREATE JOB app.lead SCHEDULE AT TIMESTAMP '2019-01-01' RUN AS {p} CALL app.hostile('lead') "
+            "WITH (batch = on)")
     for i in range(6):
-        app.job(f"CREATE JOB app.e{i} SCHEDULE AT TIMESTAMP '2020-01-0{i + 1}' RUN AS {{p}} CALL app.hostile('e{i}')")
+        app.job(f"CREATE JOB app.e{i} SCHEDULE AT TIMESTAMP '2020-01-0{i + 1}' RUN AS {{p}} CALL app.hostile('e{i}') "
+                f"WITH (batch = on)")
     engine = run_engine(app.dsn, lambda e: e.run_due(), concurrency=1)
     assert engine.counters["batched_ticks"] >= 2
     tags = [e[1] for e in app.effects()]
@@ -153,10 +158,11 @@ END $$
 
 def test_a_frame_saved_from_another_batch_or_made_up_is_not_taken(app: App) -> None:
     app.conn.execute(sql.SQL(REPLAY).format(sql.Identifier(app.principal)))
-    app.job("CREATE JOB app.lead SCHEDULE AT TIMESTAMP '2019-01-01' RUN AS {p} CALL app.replays('lead')")
+    app.job("CREATE JOB app.lead SCHEDULE AT TIMESTAMP '2019-01-01' RUN AS {p} CALL app.replays('lead') "
+            "WITH (batch = on)")
     for i in range(4):  # a batch that saves its frames
         app.job(f"CREATE JOB app.save{i} SCHEDULE AT TIMESTAMP '2020-01-0{i + 1}' RUN AS {{p}} "
-                f"CALL app.replays('save{i}')")
+                f"CALL app.replays('save{i}') WITH (batch = on)")
     engine = run_engine(app.dsn, lambda e: e.run_due(), concurrency=1)
     assert engine.counters["batched_ticks"] == 4
     saved = [r[0] for r in app.conn.execute("SELECT frame FROM app.saved").fetchall()]
@@ -165,7 +171,7 @@ def test_a_frame_saved_from_another_batch_or_made_up_is_not_taken(app: App) -> N
     # then, in a new engine, ticks that replay them: the first alone (its procedure's duration not known yet),
     # the others in a batch
     names = {f"replay{i}": app.job(f"CREATE JOB app.replay{i} SCHEDULE AT TIMESTAMP '2021-01-0{i + 1}' "
-                                   f"RUN AS {{p}} CALL app.replays('replay{i}')") for i in range(4)}
+                                   f"RUN AS {{p}} CALL app.replays('replay{i}') WITH (batch = on)") for i in range(4)}
     engine = run_engine(app.dsn, lambda e: e.run_due(), concurrency=1)
     assert engine.counters["batched_ticks"] == 3
     saved_jobs = {app.state(f"app.save{i}")["job_id"] for i in range(4)}

@@ -549,7 +549,7 @@ def test_a_batch_never_mixes_long_and_short_ticks(app: App) -> None:
     all long or all short. The ticks of one batch share their start in the history."""
     for i in range(24):
         app.job(f"CREATE JOB app.b{i} SCHEDULE AT TIMESTAMP '1970-01-01 00:00:00+00' RUN AS {{p}} "
-                f"CALL app.record('b') WITH (timeout = '{'1 hour' if i % 2 else '1 minute'}')")
+                f"CALL app.record('b') WITH (timeout = '{'1 hour' if i % 2 else '1 minute'}', batch = on)")
     app.run(concurrency=2)
     rows = app.conn.execute(
         "SELECT h.started_at, bool_and(j.deadline_ms > 300000), bool_or(j.deadline_ms > 300000), count(*) "

@@ -21,14 +21,14 @@ def test_run_job_and_range() -> None:
 
 def test_alter_actions_combine() -> None:
     stmt = parse_job_statement("ALTER JOB a.b SET SCHEDULE CRON '0 3 * * *', SET RUN AS ops, "
-                               "SET CALL a.p(n => 1), SET (timeout = '1 hour', history = 10), RESET (coalesce), "
+                               "SET CALL a.p(n => 1), SET (timeout = '1 hour', history = 10), RESET (coalesce, batch), "
                                "DISABLE")
     assert isinstance(stmt, model.AlterJob)
     assert stmt.schedule == model.CronSchedule("0 3 * * *", "UTC")
     assert (stmt.principal, stmt.procedure, stmt.enabled) == ("ops", model.QualifiedName("a", "p"), False)
     assert stmt.arguments[0].name == "n"
     assert dict(stmt.options) == {"timeout": 3_600_000, "history": 10}
-    assert stmt.reset == ("coalesce",)
+    assert stmt.reset == ("coalesce", "batch")
 
 
 def test_alter_time_zone_option_applies_to_the_new_cron_schedule() -> None:
@@ -42,9 +42,10 @@ def test_rename_and_replace() -> None:
     assert parse_job_statement("ALTER JOB a.b RENAME TO c.d") == model.AlterJob(
         model.QualifiedName("a", "b"), rename_to=model.QualifiedName("c", "d"))
     stmt = parse_job_statement("CREATE OR REPLACE JOB a.b SCHEDULE EVERY INTERVAL '1 hour' RUN AS r CALL a.p() "
-                               "WITH (max_attempts = 2, coalesce = off) DISABLE")
+                               "WITH (max_attempts = 2, coalesce = off, batch = ON) DISABLE")
     assert isinstance(stmt, model.CreateJob)
-    assert (stmt.or_replace, stmt.enabled, dict(stmt.options)) == (True, False, {"max_attempts": 2, "coalesce": "off"})
+    assert (stmt.or_replace, stmt.enabled, dict(stmt.options)) == (True, False, {"max_attempts": 2, "coalesce": "off",
+                                                                                  "batch": "on"})
     with pytest.raises(ParseError, match=r"expected .;. or end of statement"):  # RENAME stands alone
         parse_job_statement("ALTER JOB a.b RENAME TO c.d, DISABLE")
 

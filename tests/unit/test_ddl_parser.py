@@ -500,8 +500,9 @@ def test_with_options(suffix: str, timeout_ms: int | None, enabled: bool) -> Non
 
 @pytest.mark.parametrize(("suffix", "fragment", "column"), [
     ("WITH (retries = 3)",
-     'unknown option "retries" (accepted: timeout, max_attempts, history, coalesce, time_zone)', 71),
+     'unknown option "retries" (accepted: timeout, max_attempts, history, coalesce, batch, time_zone)', 71),
     ("WITH (timeout = '1 hour', nice = 5)", 'unknown option "nice"', 91),
+    ("WITH (batch = maybe)", "batch must be on or off", 79),
     ("WITH (timeout = '1h', timeout = '2h')", 'option "timeout" is given more than once', 87),
     ("WITH (timeout = '8 days')", "above the maximum of 7 days", 81),
     ("WITH (timeout = '1 month')", "month", 81),

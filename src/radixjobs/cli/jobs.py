@@ -43,6 +43,7 @@ def jobs_show(opts: Options, name: str) -> None:
     human["arguments"] = catalog.describe_arguments(job["arguments"])
     human["timeout"] = catalog.describe_timeout(job["deadline_ms"])
     human["coalesce"] = "on" if job["coalesce_ticks"] else "off"
+    human["batch"] = "on" if job["batch_ticks"] else "off"
     human["history"] = human.pop("history_limit")
     human["time_zone"] = job["cron_time_zone"] if job["schedule_kind"] == "cron" else "(CRON only)"
     emit(opts, job, output.render_mapping(human))

@@ -11,7 +11,7 @@ from radixjobs.ddl.tokens import Token, TokenKind
 from radixjobs.errors import ParseError, ScheduleError
 
 MAX_TIMEOUT_MS = 7 * 86_400_000  # radix.max_timeout_ms()
-OPTION_DEFAULTS = {"timeout": "4 minutes", "max_attempts": "5", "history": "256", "coalesce": "on",
+OPTION_DEFAULTS = {"timeout": "4 minutes", "max_attempts": "5", "history": "256", "coalesce": "on", "batch": "off",
                    "time_zone": "UTC (CRON only)"}
 JOB_OPTIONS = tuple(OPTION_DEFAULTS)
 _SWITCH = {"on": "on", "true": "on", "yes": "on", "1": "on", "off": "off", "false": "off", "no": "off", "0": "off"}
@@ -38,9 +38,9 @@ def check_option(name: Token, value: Token, fail: Callable[[str, Token], ParseEr
         if value.kind not in (TokenKind.NUMBER, TokenKind.STRING) or not text.isdigit() or not 1 <= int(text) <= top:
             raise fail(f"{name.value} must be an integer from 1 to {top}", value)
         return int(text)
-    if name.value == "coalesce":
+    if name.value in ("coalesce", "batch"):
         if text.lower() not in _SWITCH:
-            raise fail("coalesce must be on or off", value)
+            raise fail(f"{name.value} must be on or off", value)
         return _SWITCH[text.lower()]
     # time_zone
     if value.kind is not TokenKind.STRING:

@@ -3,6 +3,10 @@ one-transaction ticks of one principal, one owner and one procedure run in one t
 connection, ``BEGIN; SELECT … FROM radix.run_ticks(…); COMMIT;`` and the connection's clean, one simple query.
 
 Invariants:
+- Only ticks of jobs ``WITH (batch = on)`` join a batch: their owner declared the procedure safe to share a
+  transaction (JobDefinition.batch; every other tick is its own transaction). radix.start_ticks reads the
+  flag again as the batch starts, and a tick whose job was altered to ``batch = off`` since it was found is
+  not started there (RXT03): it runs alone after the batch.
 - A batch forms only from a backlog: the queue deals due ticks to free slots first (engine/ticks.py), and a
   batch takes only due ticks left over, so a tick that could start alone never waits for company. The
   leftovers of a principal are dealt evenly among the batches its ticks lead (``BatchRunner.form``).
@@ -60,6 +64,7 @@ log = logging.getLogger("radixjobs.engine")
 BATCH_MAX = 32
 BATCH_RUN_S = PUBLISH_AFTER_S  # a batch still running after this is cancelled, its ticks run alone
 ROLE_CHANGED_SQLSTATE = "RXT02"  # radix.run_ticks: the session's role changed, the tick was not started
+NOT_BATCHED_SQLSTATE = "RXT03"  # radix.start_ticks: the tick's job is not WITH (batch = on), it was not started
 
 # Every value is a quoted literal of digits, hex or a UUID with an explicit cast (as engine/ticks.py); each
 # CALL (definitions.build_batch_call: no DO block) is a dollar-quoted constant. The batch is one statement,
@@ -86,7 +91,7 @@ def tick_verdict(row: tuple[Any, ...]) -> Verdict | Outcome:
     failed_at, sqlstate, message = row[:3]
     if failed_at is None:
         return Verdict.COMMITTED
-    if failed_at == "begin" and sqlstate == ROLE_CHANGED_SQLSTATE:
+    if failed_at == "begin" and sqlstate in (ROLE_CHANGED_SQLSTATE, NOT_BATCHED_SQLSTATE):
         return Verdict.ALONE
     return Outcome(False, True, False, sqlstate=sqlstate, message=str(message or ""),
                    elsewhere=failed_at == "begin" and sqlstate == TICK_ELSEWHERE_SQLSTATE)
@@ -146,7 +151,7 @@ class BatchRunner:
         self.counters = recorder.counters
 
     def _batchable(self, job: JobDefinition | None) -> bool:
-        return (job is not None and job.batch_call is not None and not job.non_atomic
+        return (job is not None and job.batch and job.batch_call is not None and not job.non_atomic
                 and self._durations.short(job.signature))
 
     def form(self, lead: Tick, now: float, leads_left: Counter[int]) -> list[BatchItem]:

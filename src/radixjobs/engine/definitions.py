@@ -3,7 +3,8 @@
 Invariants:
 - Definitions are cached by (job, version); an attempt whose version is not cached runs under the definition
   loaded now (``load_definition``): a job re-armed since its claim is fenced anyway (its lease is gone, and
-  radix.begin_attempt refuses it), a renamed one runs.
+  radix.begin_attempt refuses it), a renamed one runs. Every change of a job bumps its version (the state's
+  too), so a tick found after ``ALTER JOB … SET (batch = off)`` is judged by the new definition.
 - The CALL names the admitted procedure with quoted identifiers and reads every value on the server, cast
   to its admitted type (``build_call``, ``build_batch_call``): no value is ever part of the text.
 - The cache of definitions is bounded by count and by estimated bytes (``DefinitionCache``), however many
@@ -32,7 +33,7 @@ LOAD_DEFINITIONS = """
 SELECT j.job_id, j.definition_version, j.schema_name, j.job_name, j.principal_name, j.procedure_signature,
        n.nspname AS procedure_schema, p.proname AS procedure_name, j.arguments, j.deadline_ms,
        j.non_atomic, j.schedule_kind, j.interval_ns, j.starting_at_ns, j.at_ns, j.cron_expression,
-       j.cron_time_zone, j.max_attempts, j.owner_name
+       j.cron_time_zone, j.max_attempts, j.owner_name, j.batch_ticks
 FROM radix.jobs j
 LEFT JOIN pg_catalog.pg_proc p ON p.oid = j.procedure_oid
 LEFT JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
@@ -51,7 +52,7 @@ SELECT c.job_id, c.definition_version, c.lease_token, c.planned_ns, c.attempt, c
        j.definition_version, j.schema_name, j.job_name, j.principal_name, j.procedure_signature,
        n.nspname, p.proname, j.arguments::text, j.deadline_ms, j.non_atomic, j.schedule_kind, j.interval_ns,
        j.starting_at_ns, j.at_ns, j.cron_expression, j.cron_time_zone, j.max_attempts, j.owner_name,
-       j.principal_oid
+       j.batch_ticks, j.principal_oid
 FROM radix.claim_due(%s::pg_catalog.text, %s::pg_catalog.int4, %s::pg_catalog.bool, %s::pg_catalog.int4,
                      %s::pg_catalog.int4, true, %s::pg_catalog.int4, %s::pg_catalog.int4,
                      %s::pg_catalog.oid[]) c
@@ -63,7 +64,7 @@ CLAIM_COLUMNS = 9  # the Claim's fields; the definition's columns follow
 DEFINITION_COLUMNS = ("definition_version", "schema_name", "job_name", "principal_name", "procedure_signature",
                       "procedure_schema", "procedure_name", "arguments", "deadline_ms", "non_atomic",
                       "schedule_kind", "interval_ns", "starting_at_ns", "at_ns", "cron_expression",
-                      "cron_time_zone", "max_attempts", "owner_name")
+                      "cron_time_zone", "max_attempts", "owner_name", "batch_ticks")
 CLAIM_DEADLINE = CLAIM_COLUMNS + DEFINITION_COLUMNS.index("deadline_ms")  # a claim row's job timeout (ms) …
 CLAIM_PRINCIPAL = CLAIM_COLUMNS + len(DEFINITION_COLUMNS)  # … and its principal's oid
 
@@ -84,6 +85,7 @@ class JobDefinition:
     max_attempts: int = 5  # WITH (max_attempts = N): attempts per tick, retries included
     owner: str = ""  # the job's owner (ticks batch only with their owner's: engine/batches.py)
     batch_call: bytes | None = None  # the CALL alone, as a tick batch runs it (build_batch_call)
+    batch: bool = False  # WITH (batch = on): its owner lets its ticks share a transaction (engine/batches.py)
 
     def next_planned_after(self, planned_ns: int, anchor_ns: int) -> int | None:
         """The tick after ``planned_ns`` (None: no further tick, e.g. a one-time job)."""
@@ -202,7 +204,8 @@ def definition_from_row(row: dict[str, Any]) -> JobDefinition:
         name=f"{row['schema_name']}.{row['job_name']}", principal=row["principal_name"],
         signature=row["procedure_signature"], call=call,
         deadline_ms=int(row["deadline_ms"]), non_atomic=bool(row["non_atomic"]), schedule=schedule_of(row),
-        max_attempts=int(row["max_attempts"]), owner=str(row.get("owner_name") or ""), batch_call=batch_call)
+        max_attempts=int(row["max_attempts"]), owner=str(row.get("owner_name") or ""), batch_call=batch_call,
+        batch=bool(row.get("batch_ticks")))
 
 
 class DefinitionCache:

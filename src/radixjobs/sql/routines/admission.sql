@@ -504,9 +504,9 @@ BEGIN
 END $$;
 
 -- WITH (...) / SET (...) options as given (JSON: {"timeout": "2 hours", "max_attempts": 3, "history":
--- 1000, "coalesce": "off", "time_zone": "Europe/Berlin"}) -> their stored form {deadline_ms, max_attempts,
--- history_limit, coalesce_ticks, time_zone}; raises naming the option for anything else. Runs on the
--- caller's side (an interval is read in the caller's session, like a constant).
+-- 1000, "coalesce": "off", "batch": "on", "time_zone": "Europe/Berlin"}) -> their stored form {deadline_ms,
+-- max_attempts, history_limit, coalesce_ticks, batch_ticks, time_zone}; raises naming the option for anything
+-- else. Runs on the caller's side (an interval is read in the caller's session, like a constant).
 CREATE OR REPLACE FUNCTION radix._normalise_options(opts jsonb) RETURNS jsonb
 LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
@@ -558,18 +558,18 @@ BEGIN
                 RAISE EXCEPTION 'option % must be an integer from 1 to %, not %', k, top, t USING ERRCODE = '22023';
             END IF;
             out := out || jsonb_build_object(CASE k WHEN 'history' THEN 'history_limit' ELSE k END, n::integer);
-        WHEN 'coalesce' THEN
+        WHEN 'coalesce', 'batch' THEN
             IF lower(t) NOT IN ('on', 'off', 'true', 'false', 'yes', 'no', '1', '0') THEN
-                RAISE EXCEPTION 'option coalesce must be on or off, not %', t USING ERRCODE = '22023';
+                RAISE EXCEPTION 'option % must be on or off, not %', k, t USING ERRCODE = '22023';
             END IF;
-            out := out || jsonb_build_object('coalesce_ticks', lower(t) IN ('on', 'true', 'yes', '1'));
+            out := out || jsonb_build_object(k || '_ticks', lower(t) IN ('on', 'true', 'yes', '1'));
         WHEN 'time_zone' THEN
             IF NOT EXISTS (SELECT 1 FROM pg_timezone_names WHERE name = t) THEN
                 RAISE EXCEPTION 'option time_zone: unknown time zone %', quote_literal(t) USING ERRCODE = '22023';
             END IF;
             out := out || jsonb_build_object('time_zone', t);
         ELSE
-            RAISE EXCEPTION 'unknown option "%" (accepted: timeout, max_attempts, history, coalesce, time_zone)', k
+            RAISE EXCEPTION 'unknown option "%" (accepted: timeout, max_attempts, history, coalesce, batch, time_zone)', k
                 USING ERRCODE = '22023';
         END CASE;
     END LOOP;

@@ -1,9 +1,12 @@
 -- Time in nanoseconds, the limits every role may read, lock waits, hints and the schema version.
 
 -- Time helpers: schedule arithmetic is in UTC nanoseconds (bigint).
+-- to_ns is inlined into its callers (the hot path's WHERE clauses): its body calls only immutable functions
+-- (an interval's epoch; a timestamptz's extract is stable, and an immutable SQL function whose body is not
+-- immutable is called, not inlined). The same value as extract(epoch FROM t), whatever the session's TimeZone.
 CREATE OR REPLACE FUNCTION radix.to_ns(t timestamptz) RETURNS bigint
 LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
-RETURN (extract(epoch FROM t) * 1000000000)::bigint;
+RETURN (extract(epoch FROM t - 'epoch'::timestamptz) * 1000000000)::bigint;
 
 CREATE OR REPLACE FUNCTION radix.from_ns(ns bigint) RETURNS timestamptz
 LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE

@@ -1,8 +1,9 @@
 -- A batch of ticks: started, run and ended in one transaction of the principal's.
 
--- start_tick: begin_tick's lock, checks and frame, the same statements in the same order, with its
--- refusals (RXT01: not this session's tick; 42501, 42883: refused) returned as `error_sqlstate` and
--- `error_message` instead of raised; nothing is written then. Errors other than those still raise.
+-- start_tick: begin_tick's lock, checks, frame and arguments (the tick's stored arguments in the setting
+-- `radix.arguments`, until the transaction ends), with its refusals (RXT01: not this session's tick; 42501,
+-- 42883: refused) returned as `error_sqlstate` and `error_message` instead of raised; nothing is written or
+-- set then. Errors other than those still raise.
 CREATE OR REPLACE FUNCTION radix.start_tick(job uuid, planned_ns bigint, mac text, OUT error_sqlstate text,
                                  OUT error_message text)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
@@ -21,7 +22,7 @@ BEGIN
         error_message := 'the tick is not this session''s to run: another session runs it';
         RETURN;
     END IF;
-    SELECT s.attempt, j.procedure_signature, x.token,
+    SELECT s.attempt, j.procedure_signature, x.token, j.arguments,
            r.refused
     INTO c
     FROM radix.radix_system_job_state s
@@ -64,6 +65,8 @@ BEGIN
     ON CONFLICT (pid) DO UPDATE SET backend_start = excluded.backend_start, job_id = excluded.job_id,
         attempt = excluded.attempt, planned_ns = excluded.planned_ns,
         idempotency_key = excluded.idempotency_key, lease_token = excluded.lease_token;
+    -- (never left unset: a default of the principal's own, ALTER ROLE ... SET radix.arguments, is not read)
+    PERFORM set_config('radix.arguments', c.arguments::text, true);
 END $$;
 
 -- end_ticks: the end of a batch's ticks: `jobs`, with their ticks (`planned`), attempts (`attempts`: the
@@ -142,6 +145,9 @@ BEGIN
     END IF;
 END $$;
 
+-- start_ticks: start_tick's lock and checks for every tick of a batch at once, a row per tick (its refusal,
+-- or its frame and stored arguments). A tick whose job is not WITH (batch = on) as of now (ALTER JOB ... SET
+-- (batch = off) since it was found) is not started: RXT03, and the daemon runs it alone after the batch.
 CREATE OR REPLACE FUNCTION radix.start_ticks(jobs uuid[], planned bigint[], macs text[])
 RETURNS TABLE (ordinal integer, error_sqlstate text, error_message text, frame text,
                arguments jsonb)
@@ -157,6 +163,7 @@ DECLARE
     found_at integer[];
     refusals integer[];
     signatures text[];
+    batchable boolean[];
     frames text[];
     values_of jsonb[];
     at integer;
@@ -178,11 +185,11 @@ BEGIN
         SELECT k.secret, radix._session_key_of(k.secret, pg_backend_pid(), a.backend_start) AS key
         FROM radix.attempt_secret k, pg_stat_get_activity(pg_backend_pid()) a
     )
-    SELECT array_agg(x.i), array_agg(x.refused), array_agg(x.signature), array_agg(x.frame),
-           array_agg(x.arguments)
-    INTO found_at, refusals, signatures, frames, values_of
+    SELECT array_agg(x.i), array_agg(x.refused), array_agg(x.signature), array_agg(x.batch_ticks),
+           array_agg(x.frame), array_agg(x.arguments)
+    INTO found_at, refusals, signatures, batchable, frames, values_of
     FROM (
-        SELECT u.i::integer AS i, c.refused, j.procedure_signature AS signature, j.arguments,
+        SELECT u.i::integer AS i, c.refused, j.procedure_signature AS signature, j.batch_ticks, j.arguments,
                f.text || '/' || radix._tick_frame_mac(this_xact || '/' || f.text) AS frame
         FROM unnest(jobs, planned, macs) WITH ORDINALITY AS u(job, planned_ns, mac, i)
         JOIN radix.radix_system_job_state s ON s.job_id = u.job
@@ -214,6 +221,9 @@ BEGIN
         ELSIF at IS NULL THEN
             error_sqlstate := 'RXT01';
             error_message := 'the tick is not this session''s to run: it ran, or changed since it was found';
+        ELSIF NOT batchable[at] THEN
+            error_sqlstate := 'RXT03';
+            error_message := 'the tick is not run in a batch: its job is not WITH (batch = on)';
         ELSIF refusals[at] = 1 THEN
             error_sqlstate := '42501';
             error_message := 'permission denied: the attempt is not logged in as its principal';

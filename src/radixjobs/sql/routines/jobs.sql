@@ -140,10 +140,11 @@ BEGIN
         WHEN 'max_attempts' THEN j.max_attempts := 5;
         WHEN 'history' THEN j.history_limit := 256;
         WHEN 'coalesce' THEN j.coalesce_ticks := true;
+        WHEN 'batch' THEN j.batch_ticks := false;
         WHEN 'time_zone' THEN
             IF j.schedule_kind = 'cron' THEN j.cron_time_zone := 'UTC'; END IF;
         ELSE
-            RAISE EXCEPTION 'unknown option "%" (accepted: timeout, max_attempts, history, coalesce, time_zone)', r
+            RAISE EXCEPTION 'unknown option "%" (accepted: timeout, max_attempts, history, coalesce, batch, time_zone)', r
                 USING ERRCODE = '22023';
         END CASE;
     END LOOP;
@@ -152,6 +153,7 @@ BEGIN
     j.max_attempts := coalesce((opts->>'max_attempts')::integer, j.max_attempts);
     j.history_limit := coalesce((opts->>'history_limit')::integer, j.history_limit);
     j.coalesce_ticks := coalesce((opts->>'coalesce_ticks')::boolean, j.coalesce_ticks);
+    j.batch_ticks := coalesce((opts->>'batch_ticks')::boolean, j.batch_ticks);
     IF opts ? 'time_zone' THEN
         IF j.schedule_kind <> 'cron' THEN
             RAISE EXCEPTION 'option time_zone applies to CRON schedules only' USING ERRCODE = '22023';
@@ -277,8 +279,9 @@ END;
 -- principal: the SET rule for the caller and the owner; a new call: `binding`, resolved on the caller's
 -- side, checked against the catalog; a new name: CREATE on its schema). Options: `reset` names go back to
 -- their defaults, then the schedule is set, then `opts` (normalised) apply. Returns false when nothing
--- changed; otherwise definition_version is bumped, and the state re-armed unless only the name, history
--- or max_attempts changed.
+-- changed; otherwise definition_version is bumped, and the state re-armed unless only the name, history,
+-- max_attempts or batch changed (a tick found before such a change still runs; radix.start_ticks reads batch
+-- again when it starts a batch).
 CREATE OR REPLACE FUNCTION radix._change_job(creator name, job text, enabled boolean, schedule jsonb, run_as text,
                                   procedure text, binding jsonb, opts jsonb, reset text[], rename_to text)
 RETURNS boolean
@@ -341,8 +344,8 @@ BEGIN
     IF n IS NOT DISTINCT FROM j THEN
         RETURN false;
     END IF;
-    quiet := (n.schema_name, n.job_name, n.history_limit, n.max_attempts) IS DISTINCT FROM
-             (j.schema_name, j.job_name, j.history_limit, j.max_attempts)
+    quiet := (n.schema_name, n.job_name, n.history_limit, n.max_attempts, n.batch_ticks) IS DISTINCT FROM
+             (j.schema_name, j.job_name, j.history_limit, j.max_attempts, j.batch_ticks)
          AND (n.principal_oid, n.procedure_oid, n.procedure_signature, n.arguments, n.schedule_kind, n.interval_ns,
               n.starting_at_ns, n.at_ns, n.cron_expression, n.cron_time_zone, n.enabled, n.deadline_ms,
               n.coalesce_ticks)
@@ -358,7 +361,8 @@ BEGIN
             schedule_kind = n.schedule_kind, interval_ns = n.interval_ns, starting_at_ns = n.starting_at_ns,
             at_ns = n.at_ns, cron_expression = n.cron_expression, cron_time_zone = n.cron_time_zone,
             enabled = n.enabled, deadline_ms = n.deadline_ms, max_attempts = n.max_attempts,
-            history_limit = n.history_limit, coalesce_ticks = n.coalesce_ticks, non_atomic = n.non_atomic,
+            history_limit = n.history_limit, coalesce_ticks = n.coalesce_ticks, batch_ticks = n.batch_ticks,
+            non_atomic = n.non_atomic,
             definition_version = j.definition_version + 1
         WHERE job_id = j.job_id RETURNING * INTO n;
     EXCEPTION WHEN lock_not_available THEN
@@ -432,12 +436,13 @@ BEGIN
     INSERT INTO radix.jobs (schema_name, job_name, owner_oid, owner_name, principal_oid, principal_name,
                             procedure_oid, procedure_signature, arguments, schedule_kind, interval_ns,
                             starting_at_ns, at_ns, cron_expression, cron_time_zone, enabled, deadline_ms,
-                            max_attempts, history_limit, coalesce_ticks)
+                            max_attempts, history_limit, coalesce_ticks, batch_ticks)
     VALUES (job_parts[1], job_parts[2], caller, (SELECT rolname FROM pg_roles WHERE oid = caller),
             principal.oid, principal.rolname, (bound->>'procedure_oid')::oid, bound->>'signature',
             bound->'arguments', j.schedule_kind, j.interval_ns, j.starting_at_ns, j.at_ns, j.cron_expression,
             j.cron_time_zone, coalesce(enabled, true), coalesce(j.deadline_ms, 240000),
-            coalesce(j.max_attempts, 5), coalesce(j.history_limit, 256), coalesce(j.coalesce_ticks, true))
+            coalesce(j.max_attempts, 5), coalesce(j.history_limit, 256), coalesce(j.coalesce_ticks, true),
+            coalesce(j.batch_ticks, false))
     RETURNING * INTO j;
     PERFORM radix._rearm(j, false);
     RETURN j.job_id;
@@ -473,7 +478,7 @@ BEGIN
     IF or_replace AND radix._job_exists(job) THEN
         PERFORM radix._change_job(current_user, job, coalesce(enabled, true), schedule, run_as, procedure,
                                   radix._resolve_call(proc_parts[1], proc_parts[2], args), opts,
-                                  ARRAY['timeout', 'max_attempts', 'history', 'coalesce', 'time_zone'], NULL);
+                                  ARRAY['timeout', 'max_attempts', 'history', 'coalesce', 'batch', 'time_zone'], NULL);
         RETURN (SELECT o.job_id FROM radix.job_overview o, radix._split_qualified(job, 'job') AS p(parts)
                 WHERE o.schema_name = p.parts[1] AND o.job_name = p.parts[2]);
     END IF;

@@ -130,7 +130,8 @@ END $$;
 
 -- begin_tick: the lone tick's start, in the principal's own transaction: the tick lock (FOR UPDATE SKIP
 -- LOCKED), the token's MAC, the identity and privileges, the frame, and the tick's stored arguments in the
--- setting `radix.arguments` for its DO block (until the transaction ends).
+-- setting `radix.arguments` for its DO block (until the transaction ends): radix.start_tick, its refusal
+-- raised. (An assignment, not SELECT … FROM: no function scan and tuplestore for its one row.)
 CREATE OR REPLACE FUNCTION radix.begin_tick(job uuid, planned_ns bigint, mac text) RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -139,11 +140,8 @@ AS $$
 DECLARE
     r record;
 BEGIN
-    SELECT * INTO r FROM radix.start_tick(job, planned_ns, mac);
+    r := radix.start_tick(job, planned_ns, mac);
     IF r.error_sqlstate IS NOT NULL THEN
         RAISE EXCEPTION USING ERRCODE = r.error_sqlstate, MESSAGE = r.error_message;
     END IF;
-    -- (never left unset: a default of the principal's own, ALTER ROLE ... SET radix.arguments, is not read)
-    PERFORM set_config('radix.arguments',
-                       coalesce((SELECT j.arguments::text FROM radix.jobs j WHERE j.job_id = job), '[]'), true);
 END $$;
