@@ -1,0 +1,61 @@
+"""CRON_TABLE documents run as the engine's work: one daemon's slots, one node, one cap for jobs and documents."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from radixjobs import documents
+from radixjobs.server import Daemon, DaemonConfig
+from tests.apps import App
+
+HOLD_SQL = """
+CREATE PROCEDURE app.hold_job() LANGUAGE plpgsql AS $$
+BEGIN PERFORM pg_sleep(0.6); CALL app.record('job'); END $$;
+CREATE FUNCTION app.hold_doc() RETURNS void LANGUAGE plpgsql AS $$
+BEGIN PERFORM pg_sleep(0.6); CALL app.record('doc'); END $$;
+GRANT EXECUTE ON PROCEDURE app.hold_job() TO {p};
+GRANT EXECUTE ON FUNCTION app.hold_doc() TO {p};
+"""
+# principal backends running something now (the engine's attempts and its documents' DB_FUNCTION calls)
+RUNNING = ("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+           "AND application_name = 'radixjobs-attempt' AND state = 'active'")
+LIVE_NODES = "SELECT count(*) FROM radix.nodes n WHERE radix.node_alive(n.node_id)"
+
+
+def test_a_daemon_runs_jobs_and_documents_in_its_concurrency_as_one_node(app: App) -> None:
+    app.conn.execute(HOLD_SQL.format(p=app.principal).encode())
+    for n in range(8):
+        app.job(f"CREATE JOB app.hold_{n} SCHEDULE AT TIMESTAMP '2020-01-01' RUN AS {{p}} CALL app.hold_job()")
+    documents.apply(app.conn, [{"dockind": "CRON_TABLE", "status": "CRON_TABLE_ACTIVE", "props": {
+        "NUM": 700 + n, "DB_FUNCTION": "app.hold_doc", "RUN_AS": app.principal, "FIRST_RUN": "2020-01-01T00:00:00",
+        "INTERVAL": "now() + interval '1 day'"}} for n in range(8)])
+
+    def tags() -> list[str]:
+        return [str(row[0]) for row in app.conn.execute("SELECT tag FROM app.effects").fetchall()]
+
+    async def go() -> tuple[int, set[int]]:
+        daemon = Daemon(DaemonConfig(dsn=app.dsn, concurrency=4, per_database_concurrency=4, max_per_principal=0,
+                                     poll_s=0.05, discovery_s=0.2, grace_s=5.0))
+        task = asyncio.create_task(daemon.run())
+        most, nodes = 0, set()
+        deadline = time.monotonic() + 120
+        try:
+            while sorted(set(tags())) != ["doc", "job"] or len(tags()) < 16:
+                assert time.monotonic() < deadline, f"not every job and document ran: {tags()}"
+                assert not task.done(), task
+                most = max(most, int(app.conn.execute(RUNNING).fetchone()[0]))  # type: ignore[index]
+                nodes.add(int(app.conn.execute(LIVE_NODES).fetchone()[0]))  # type: ignore[index]
+                await asyncio.sleep(0.02)
+        finally:
+            daemon.stop()
+            await asyncio.wait_for(task, 60)
+        return most, nodes
+
+    most, nodes = asyncio.run(go())
+    assert sorted(tags()) == ["doc"] * 8 + ["job"] * 8
+    assert 0 < most <= 4  # jobs and documents share the 4 slots
+    assert nodes <= {0, 1}  # one node row for the daemon (0 only before it registered)
+    (processes,) = app.conn.execute("SELECT count(DISTINCT node) FROM radix.sys_processes").fetchone()  # type: ignore[misc]
+    assert processes == 1  # the documents' processes carry the engine's node
+
