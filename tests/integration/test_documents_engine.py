@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 
 from radixjobs import documents
+from radixjobs.documents import Documents
+from radixjobs.engine import Engine
 from radixjobs.server import Daemon, DaemonConfig
 from tests.apps import App
 
@@ -59,3 +62,36 @@ def test_a_daemon_runs_jobs_and_documents_in_its_concurrency_as_one_node(app: Ap
     (processes,) = app.conn.execute("SELECT count(DISTINCT node) FROM radix.sys_processes").fetchone()  # type: ignore[misc]
     assert processes == 1  # the documents' processes carry the engine's node
 
+
+
+SPANS_SQL = """
+CREATE TABLE app.spans (tag text, s timestamptz, e timestamptz);
+CREATE PROCEDURE app.span_job() LANGUAGE plpgsql AS $$
+DECLARE t timestamptz := clock_timestamp();
+BEGIN PERFORM pg_sleep(0.5); INSERT INTO app.spans VALUES ('job', t, clock_timestamp()); END $$;
+CREATE FUNCTION app.span_doc() RETURNS void LANGUAGE plpgsql AS $$
+DECLARE t timestamptz := clock_timestamp();
+BEGIN PERFORM pg_sleep(0.5); INSERT INTO app.spans VALUES ('doc', t, clock_timestamp()); END $$;
+GRANT INSERT ON app.spans TO {p};
+GRANT EXECUTE ON PROCEDURE app.span_job() TO {p};
+GRANT EXECUTE ON FUNCTION app.span_doc() TO {p};
+"""
+
+
+def test_the_cap_per_principal_counts_jobs_and_documents_together(app: App) -> None:
+    app.conn.execute(SPANS_SQL.format(p=app.principal).encode())
+    for n in range(2):
+        app.job(f"CREATE JOB app.span_{n} SCHEDULE AT TIMESTAMP '2020-01-01' RUN AS {{p}} CALL app.span_job()")
+    documents.apply(app.conn, [{"dockind": "CRON_TABLE", "status": "CRON_TABLE_ACTIVE", "props": {
+        "NUM": 800 + n, "DB_FUNCTION": "app.span_doc", "RUN_AS": app.principal, "FIRST_RUN": "2020-01-01T00:00:00",
+        "INTERVAL": "now() + interval '1 day'"}} for n in range(2)])
+
+    async def go() -> None:
+        async with Engine(app.dsn, concurrency=4, max_per_principal=1, work=Documents(entry_points=False)) as engine:
+            await engine.run_due()
+
+    asyncio.run(go())
+    spans = app.conn.execute("SELECT tag, s, e FROM app.spans ORDER BY s").fetchall()
+    assert sorted(tag for tag, _, _ in spans) == ["doc", "doc", "job", "job"]
+    for (_, _, end), (_, start, _) in itertools.pairwise(spans):
+        assert end <= start, spans  # one at a time: the principal's cap is 1, whatever the kind

@@ -26,7 +26,9 @@ Invariants:
 - the counters are the fixed set ``COUNTER_KEYS``, kept in the engine's counters.
 
 Fairness (radixjobs.fairness): runs are dealt round-robin among the tasks' principals (RUN_AS), fewest
-running on this node first (jobs' ticks and documents together), none to a principal at the engine's cap.
+running first (this engine's ticks and runs, exactly, plus the principal's attempts elsewhere as the
+finder counts them for ticks), none to a principal at the engine's cap: one cap, one count, jobs and
+documents together.
 
 Time: ``clock`` (a callable returning an aware datetime) is the documents' "now" for due checks, the
 maintained times and the expressions' now(); None means the database clock.
@@ -68,10 +70,15 @@ HINTLESS_CHECK_S: Final = 1.0
 # A task due now that a look left (its principal at its cap, or being finished here) is looked at again
 # after this long, or when one of this engine's items ends: never a busy loop.
 UNTAKEN_RECHECK_S: Final = 0.25
-# radix.doc_candidates in its own order, with each task's principal (for the fairness of the runs); then
-# the seconds until the next task is due and how full the notification queue is, in the same round trip
-CANDIDATES: Final = ("SELECT d.*, c.principal_oid FROM radix.doc_candidates(%s, %s, %s::bigint[]) WITH ORDINALITY d "
-                     "LEFT JOIN radix.cron_table c ON c.num OPERATOR(pg_catalog.=) d.num ORDER BY d.ordinality")
+# radix.doc_candidates in its own order, with each task's principal and that principal's attempts running
+# elsewhere (other nodes' leases and runs, sessions not this engine's: radix._running_elsewhere, as the
+# finder counts them for ticks), for the fairness of the runs; then the seconds until the next task is due
+# and how full the notification queue is, in the same round trip
+CANDIDATES: Final = ("SELECT d.*, c.principal_oid, coalesce(e.running, 0) AS elsewhere "
+                     "FROM radix.doc_candidates(%s, %s, %s::bigint[]) WITH ORDINALITY d "
+                     "LEFT JOIN radix.cron_table c ON c.num OPERATOR(pg_catalog.=) d.num "
+                     "LEFT JOIN radix._running_elsewhere(%s, %s::integer[]) e "
+                     "ON e.principal OPERATOR(pg_catalog.=) c.principal_oid ORDER BY d.ordinality")
 NEXT_DUE: Final = ("SELECT radix.doc_next_due_in(%s, %s, %s::bigint[]), "
                    "pg_catalog.pg_notification_queue_usage()")
 
@@ -125,8 +132,9 @@ class Documents:
         if time.monotonic() - self._last_reload >= self.reload_period_s:
             await self.reload()
             self._last_reload = time.monotonic()
-        candidates, principal_of, due = await self._candidates()
+        candidates, principal_of, elsewhere, due = await self._candidates()
         held: Counter[int] = Counter(running)
+        held.update(elsewhere)
         items: list[Work] = []
         left = False  # a task due now was not taken
         for c in fair_order(candidates, lambda c: principal_of.get(c.num, 0), held):
@@ -239,13 +247,14 @@ class Documents:
     def _at(self) -> dt.datetime | None:
         return self.clock() if self.clock is not None else None
 
-    async def _candidates(self) -> tuple[list[Candidate], dict[str, int], float | None]:
-        """The candidates, each one's principal (oid), and the seconds until the next task is due (None:
-        nothing planned): one round trip."""
+    async def _candidates(self) -> tuple[list[Candidate], dict[str, int], dict[int, int], float | None]:
+        """The candidates, each one's principal (oid), the attempts of those principals running elsewhere,
+        and the seconds until the next task is due (None: nothing planned): one round trip."""
+        assert self._context is not None
         params = (self._at(), self.node_id, list(self._in_flight))
         async with self._pool().connection() as conn, conn.cursor(row_factory=dict_row) as cur:
             async with conn.pipeline():
-                await cur.execute(CANDIDATES, params)
+                await cur.execute(CANDIDATES, (*params, self.node_id, self._context.principals.backend_pids()))
                 after = await conn.execute(NEXT_DUE, params)
             rows = await cur.fetchall()
             due_row = await after.fetchone()
@@ -255,7 +264,8 @@ class Documents:
                                 None if r["process_status"] is None else
                                 model.ProcessState(r["process_status"], bool(r["process_live"]), r["process_error"]),
                                 r["now_ts"]) for r in rows]
-        return candidates, {r["num"]: int(r["principal_oid"] or 0) for r in rows}, due
+        elsewhere = {int(r["principal_oid"] or 0): int(r["elsewhere"]) for r in rows}
+        return candidates, {r["num"]: int(r["principal_oid"] or 0) for r in rows}, elsewhere, due
 
     def _plan_next_look(self, due: float | None, left: bool) -> None:
         """When to look again: when the next task is due, at the latest after the check period (or
