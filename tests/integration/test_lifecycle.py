@@ -257,7 +257,7 @@ def test_starting_at_past_owes_nothing_from_before_the_job(app: App) -> None:
 
 
 def test_backfill_counts_starting_at_as_a_tick(app: App) -> None:
-    name = _backfill_job(app)  # STARTING AT 2026-01-01T00:00:00Z, hourly
+    _backfill_job(app)  # STARTING AT 2026-01-01T00:00:00Z, hourly
     assert catalog.execute_job_ddl(app.conn, "RUN JOB app.fill FOR RANGE TIMESTAMP '2025-12-31T22:00:00Z' TO "
                                              "TIMESTAMP '2026-01-01T02:00:00Z'") == "RUN JOB 2"  # 00:00, 01:00
 
