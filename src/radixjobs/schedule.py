@@ -299,17 +299,24 @@ def _next_fixed_time_tick(normalised: str, zone: ZoneInfo, after_s: int) -> int 
 
 
 def _next_wall_clock_tick(normalised: str, zone: ZoneInfo, after_s: int) -> int | None:
-    # After a fall-back the wall clock shows earlier times again, so the walk starts one shift earlier; a
-    # second occurrence may come before a later local time's first one, hence the running minimum.
-    start = wallclock.local_time(after_s, zone) - wallclock.shift_near(after_s, zone) - timedelta(seconds=1)
-    best: int | None = None
+    # Wall times after the present one come in order, each at its earliest occurrence still ahead; only a
+    # fall-back ahead brings earlier wall times back, and those come in order again from the fall-back.
+    tick = _first_occurrence_after(normalised, zone, wallclock.local_time(after_s, zone), after_s)
+    fall_back = wallclock.fall_back_ahead(after_s, zone)
+    if fall_back is not None:  # from there the wall clock shows earlier times again, each a second time
+        start = wallclock.local_time(fall_back, zone) - timedelta(seconds=1)
+        again = _first_occurrence_after(normalised, zone, start, fall_back - 1)
+        if again is not None and (tick is None or again < tick):
+            tick = again
+    return tick
+
+
+def _first_occurrence_after(normalised: str, zone: ZoneInfo, start: datetime, after_s: int) -> int | None:
+    """The earliest occurrence after ``after_s`` of the first local time after ``start`` that has one."""
     for local in _local_ticks(normalised, start):
-        instants = wallclock.occurrences(local, zone)
-        later = [t for t in instants if t > after_s]
-        if later and (best is None or later[0] < best):
-            best = later[0]
-        if instants and instants[0] > after_s:
-            return best  # every later local time occurs after this one's first occurrence
+        later = [t for t in wallclock.occurrences(local, zone) if t > after_s]
+        if later:
+            return later[0]
     return None
 
 

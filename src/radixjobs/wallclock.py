@@ -6,11 +6,11 @@ the earlier offset's, then the later one's). Instants are ``int`` seconds since 
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from zoneinfo import ZoneInfo
 
-# Offset changes are looked for this far either side of an instant: DST shifts are under three hours
-# (cronie likewise treats a larger change as a clock correction, not daylight saving time).
+# A fall-back is looked for this far ahead of an instant: DST shifts are under three hours (cronie likewise
+# treats a larger change as a clock correction, not daylight saving time).
 SHIFT_WINDOW_S = 3 * 3_600
 
 _EPOCH = datetime(1970, 1, 1)
@@ -44,9 +44,21 @@ def gap_end(local: datetime, zone: ZoneInfo) -> int:
     """
     before = _epoch_seconds(local.replace(tzinfo=zone, fold=1).astimezone(UTC))
     after = _epoch_seconds(local.replace(tzinfo=zone, fold=0).astimezone(UTC))
-    low, high = min(before, after), max(before, after)
+    return _change(min(before, after), max(before, after), zone)
+
+
+def fall_back_ahead(instant_s: int, zone: ZoneInfo) -> int | None:
+    """The instant within ``SHIFT_WINDOW_S`` after ``instant_s`` at which the wall clock goes back, if any."""
+    horizon = instant_s + SHIFT_WINDOW_S
+    if _offset_s(horizon, zone) >= _offset_s(instant_s, zone):
+        return None
+    return _change(instant_s, horizon, zone)
+
+
+def _change(low: int, high: int, zone: ZoneInfo) -> int:
+    """The first instant in (low, high] with the offset of ``high`` (one change between them)."""
     offset_after = _offset_s(high, zone)
-    while high - low > 1:  # invariant: the offset at ``low`` is the old one, at ``high`` the new one
+    while high - low > 1:  # invariant: ``low`` has the old offset, ``high`` the new one
         middle = (low + high) // 2
         if _offset_s(middle, zone) == offset_after:
             high = middle
@@ -55,15 +67,9 @@ def gap_end(local: datetime, zone: ZoneInfo) -> int:
     return high
 
 
-def shift_near(instant_s: int, zone: ZoneInfo) -> timedelta:
-    """How far the zone's offset changes within ``SHIFT_WINDOW_S`` of ``instant_s`` (zero: no change)."""
-    offsets = [_offset_s(instant_s + d, zone) for d in (-SHIFT_WINDOW_S, 0, SHIFT_WINDOW_S)]
-    return timedelta(seconds=max(offsets) - min(offsets))
-
-
 def _offset_s(instant_s: int, zone: ZoneInfo) -> int:
     offset = datetime.fromtimestamp(instant_s, UTC).astimezone(zone).utcoffset()
     return 0 if offset is None else int(offset.total_seconds())
 
 
-__all__ = ["SHIFT_WINDOW_S", "gap_end", "local_time", "occurrences", "shift_near"]
+__all__ = ["SHIFT_WINDOW_S", "fall_back_ahead", "gap_end", "local_time", "occurrences"]

@@ -7,6 +7,7 @@ import contextlib
 from datetime import datetime
 
 import pytest
+from croniter import croniter
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -363,6 +364,26 @@ def test_next_cron_tick_is_the_first_tick_strictly_after(
     between = after + (tick - 1 - after) * fraction_percent // 100
     assert next_cron_tick(expression, zone, between) == tick
     assert next_cron_tick(expression, zone, tick - 1) == tick
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.sampled_from(["*/7 * * * *", "15 * * * *", "*/20 1-3 * * *", "@hourly", "*/30 * * * *"]),
+    st.sampled_from([("Europe/Berlin", utc(2026, 3, 29, 1)), ("Europe/Berlin", utc(2026, 10, 25, 1)),
+                     ("Australia/Lord_Howe", utc(2026, 4, 4, 15)), ("Australia/Lord_Howe", utc(2026, 10, 3, 15, 30)),
+                     ("America/New_York", utc(2026, 11, 1, 6))]),
+    st.integers(-4 * 3_600, 4 * 3_600),
+)
+def test_wall_clock_jobs_fire_whenever_the_wall_clock_matches(
+    expression: str, transition: tuple[str, int], offset_s: int
+) -> None:
+    zone, at = transition
+    after = at + offset_s * S
+    tz = load_time_zone(zone)
+    minute = (after // S // 60 + 1) * 60
+    while not croniter.match(expression, datetime.fromtimestamp(minute, tz).replace(tzinfo=None)):
+        minute += 60  # every UTC minute, read on the wall clock: the brute-force answer
+    assert next_cron_tick(expression, zone, after) == minute * S
 
 
 BAD_CRONS = [
