@@ -18,6 +18,7 @@ from typing import Any
 import psycopg
 
 from radixjobs import schedule
+from radixjobs.model import EverySchedule
 
 ATOMIC_KINDS = ("atomic", "conflict", "cron", "at")
 
@@ -31,8 +32,9 @@ WHERE started < previous_end GROUP BY {key}
 """
 
 JOBS = """
-SELECT j.job_id, j.schema_name || '.' || j.job_name, j.schedule_kind, j.interval_ns, j.cron_expression,
-       j.cron_time_zone, s.anchor_ns, s.planned_ns, s.status, s.coalesced_ticks, s.lease_token IS NOT NULL
+SELECT j.job_id, j.schema_name || '.' || j.job_name, j.schedule_kind, j.interval_ns, j.starting_at_ns,
+       radix.to_ns(j.created_at), j.cron_expression, j.cron_time_zone, s.anchor_ns, s.planned_ns, s.status,
+       s.coalesced_ticks, s.lease_token IS NOT NULL
 FROM radix.jobs j JOIN radix.radix_system_job_state s USING (job_id)
 """
 
@@ -105,10 +107,13 @@ def _ticks(conn: psycopg.Connection[Any]) -> dict[Any, dict[int, set[str]]]:
     return out
 
 
-def _first_tick(kind: str, interval_ns: int | None, expression: str | None, zone: str | None, anchor: int) -> int:
+def _first_tick(kind: str, interval_ns: int | None, starting_at_ns: int | None, created_ns: int,
+                expression: str | None, zone: str | None, anchor: int) -> int:
+    """The job's first due tick, as the engine planned it when the job was created (never re-armed here)."""
     if kind == "every":
         assert interval_ns is not None
-        return anchor + interval_ns
+        armed_at = anchor if starting_at_ns is None else created_ns  # without STARTING AT the anchor is it
+        return schedule.initial_planned(EverySchedule(interval_ns, starting_at_ns), armed_at)
     assert expression is not None
     return schedule.next_cron_tick(expression, zone or "UTC", anchor)
 
@@ -117,12 +122,13 @@ def check_ticks(conn: psycopg.Connection[Any], report: Report, steps: dict[str, 
     """Every due tick of a recurring job was run, failed terminally, or coalesced (as the state counts)."""
     ticks = _ticks(conn)
     totals: defaultdict[str, int] = defaultdict(int)
-    for job, name, kind, interval_ns, expr, zone, anchor, planned, status, coalesced, leased in conn.execute(JOBS):
+    for (job, name, kind, interval_ns, starting_at_ns, created_ns, expr, zone, anchor, planned, status, coalesced,
+         leased) in conn.execute(JOBS):
         if leased or status == "running":
             report.violation("leases_left_after_stop", 1, [f"{name} ({status})"])
         if kind == "at" or planned is None:
             continue
-        step, first = steps[name], _first_tick(kind, interval_ns, expr, zone, anchor)
+        step, first = steps[name], _first_tick(kind, interval_ns, starting_at_ns, created_ns, expr, zone, anchor)
         due = max(0, (planned - first) // step)
         seen = ticks.get(job, {})
         off_grid = [t for t in seen if (t - first) % step or not first <= t < planned]

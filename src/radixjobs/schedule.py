@@ -8,15 +8,17 @@ from __future__ import annotations
 
 import functools
 import re
-from datetime import UTC, date, datetime
+from collections.abc import Iterator
+from datetime import date, datetime, timedelta
 from decimal import Decimal
 from fractions import Fraction
 from zoneinfo import ZoneInfo, available_timezones
 
 from croniter import CroniterBadDateError, CroniterError, croniter
 
+from radixjobs import wallclock
 from radixjobs.errors import ScheduleError
-from radixjobs.model import AtSchedule, EverySchedule, Schedule
+from radixjobs.model import AtSchedule, CronSchedule, EverySchedule, Schedule
 
 NS_PER_SECOND = 1_000_000_000
 NS_PER_DAY = 86_400 * NS_PER_SECOND
@@ -186,7 +188,6 @@ def _offset_seconds(match: re.Match[str], text: str) -> int:
 _CRON_ALIASES = frozenset({"@yearly", "@annually", "@monthly", "@weekly", "@daily", "@midnight", "@hourly"})
 _NONDETERMINISTIC_FIELD = re.compile(r"(?:^|,)[hr](?:$|[(/,])", re.IGNORECASE)
 _MAX_CRON_CANDIDATES = 20_000  # a 1-second cron walking a 2-hour fall-back fold needs 7 200
-_EPOCH = datetime(1970, 1, 1)
 
 
 @functools.cache
@@ -245,37 +246,78 @@ def _compile_cron(expression: str) -> str:
 def next_cron_tick(expression: str, time_zone: str, after_ns: int) -> int:
     """The first instant strictly after ``after_ns`` at which the cron expression fires in ``time_zone``.
 
-    Candidates are computed as local wall-clock times and mapped to UTC with ``fold=0``: a local time in a
-    spring-forward gap does not exist and is skipped; a local time repeated at fall-back fires once, at its
-    first occurrence.
+    Daylight saving time follows cronie's rule. A job at fixed times (its minute and hour fields do not start
+    with '*') fires at each of them once per local day: a time skipped by a spring-forward jump fires at the
+    first instant after the jump (several skipped times of one day fire there once), a time repeated at
+    fall-back fires at its first occurrence only. A job with '*' first in its minute or hour field (``*/15 *
+    * * *``, ``0 * * * *``, @hourly) fires by the wall clock: skipped times do not fire, repeated ones fire
+    at each occurrence.
     """
     zone = load_time_zone(time_zone)
     normalised = _compile_cron(expression)
+    after_s = after_ns // NS_PER_SECOND  # ticks are whole seconds: the next one is after this second
     try:
-        start_utc = datetime.fromtimestamp(after_ns // NS_PER_SECOND, UTC)
-        start_local = start_utc.astimezone(zone).replace(tzinfo=None)
-        ticks = croniter(normalised, start_local, ret_type=datetime, second_at_beginning=True)
-        for _ in range(_MAX_CRON_CANDIDATES):
-            local: datetime = ticks.get_next(datetime)
-            tick_ns = _local_to_utc_ns(local, zone)
-            if tick_ns is not None and tick_ns > after_ns:
-                if tick_ns > INT64_MAX:
-                    break
-                return tick_ns
+        if _fires_by_wall_clock(normalised):
+            tick_s = _next_wall_clock_tick(normalised, zone, after_s)
+        else:
+            tick_s = _next_fixed_time_tick(normalised, zone, after_s)
     except CroniterBadDateError:
         raise ScheduleError(f"cron expression '{_shown(expression)}' never fires") from None
     except (CroniterError, ValueError, OverflowError, OSError) as exc:
         raise ScheduleError(f"cron expression '{_shown(expression)}' has no next tick: {exc}") from None
-    raise ScheduleError(f"cron expression '{_shown(expression)}' has no next tick in the supported range")
+    if tick_s is None or tick_s * NS_PER_SECOND > INT64_MAX:
+        raise ScheduleError(f"cron expression '{_shown(expression)}' has no next tick in the supported range")
+    return tick_s * NS_PER_SECOND
 
 
-def _local_to_utc_ns(local: datetime, zone: ZoneInfo) -> int | None:
-    """UTC ns of a naive whole-second local time (first occurrence); None when the zone skips it."""
-    instant = local.replace(tzinfo=zone, fold=0).astimezone(UTC)
-    if instant.astimezone(zone).replace(tzinfo=None) != local:
-        return None
-    delta = instant.replace(tzinfo=None) - _EPOCH
-    return (delta.days * 86_400 + delta.seconds) * NS_PER_SECOND
+def _fires_by_wall_clock(normalised: str) -> bool:
+    """cronie's wildcard jobs: '*' first in the minute or the hour field (@hourly is ``0 * * * *``)."""
+    if normalised.startswith("@"):
+        return normalised == "@hourly"
+    fields = normalised.split()
+    minute, hour = fields[-5], fields[-4]
+    return minute.startswith("*") or hour.startswith("*")
+
+
+def _local_ticks(normalised: str, start: datetime) -> Iterator[datetime]:
+    """The expression's naive local times strictly after ``start``, bounded in number."""
+    ticks = croniter(normalised, start, ret_type=datetime, second_at_beginning=True)
+    for _ in range(_MAX_CRON_CANDIDATES):
+        local: datetime = ticks.get_next(datetime)
+        yield local
+
+
+def _next_fixed_time_tick(normalised: str, zone: ZoneInfo, after_s: int) -> int | None:
+    # Each local time maps to its first occurrence, or to the end of its gap: a map that never goes back,
+    # so the first local time after the present one whose instant is after ``after_s`` is the answer.
+    for local in _local_ticks(normalised, wallclock.local_time(after_s, zone)):
+        instants = wallclock.occurrences(local, zone)
+        tick = instants[0] if instants else wallclock.gap_end(local, zone)
+        if tick > after_s:
+            return tick
+    return None
+
+
+def _next_wall_clock_tick(normalised: str, zone: ZoneInfo, after_s: int) -> int | None:
+    # Wall times after the present one come in order, each at its earliest occurrence still ahead; only a
+    # fall-back ahead brings earlier wall times back, and those come in order again from the fall-back.
+    tick = _first_occurrence_after(normalised, zone, wallclock.local_time(after_s, zone), after_s)
+    fall_back = wallclock.fall_back_ahead(after_s, zone)
+    if fall_back is not None:  # from there the wall clock shows earlier times again, each a second time
+        start = wallclock.local_time(fall_back, zone) - timedelta(seconds=1)
+        again = _first_occurrence_after(normalised, zone, start, fall_back - 1)
+        if again is not None and (tick is None or again < tick):
+            tick = again
+    return tick
+
+
+def _first_occurrence_after(normalised: str, zone: ZoneInfo, start: datetime, after_s: int) -> int | None:
+    """The earliest occurrence after ``after_s`` of the first local time after ``start`` that has one."""
+    for local in _local_ticks(normalised, start):
+        later = [t for t in wallclock.occurrences(local, zone) if t > after_s]
+        if later:
+            return later[0]
+    return None
 
 
 # ---------------------------------------------------------------------------------------------- the grid
@@ -287,10 +329,10 @@ def _check_interval(interval_ns: int) -> None:
 
 
 def first_tick_after(anchor_ns: int, interval_ns: int, after_ns: int) -> int:
-    """Smallest ``anchor + k*interval`` with k >= 1 that is strictly greater than ``after_ns``."""
+    """Smallest grid point ``anchor + k*interval`` (k >= 0) strictly greater than ``after_ns``."""
     _check_interval(interval_ns)
     if after_ns < anchor_ns:
-        return anchor_ns + interval_ns
+        return anchor_ns
     return anchor_ns + ((after_ns - anchor_ns) // interval_ns + 1) * interval_ns
 
 
@@ -314,30 +356,34 @@ def coalesce(anchor_ns: int, interval_ns: int, planned_ns: int, now_ns: int) -> 
 def initial_planned(schedule: Schedule, enabled_at_ns: int) -> int:
     """The first planned tick of a job enabled at ``enabled_at_ns``.
 
-    AT: its instant, even when already past (it is then due at once). EVERY: the first grid tick after
-    the anchor (STARTING AT, or the enable time) that is also after the enable time — ticks before a job
-    was enabled are not owed. CRON: the first tick after the enable time.
+    AT: its instant, even when already past (it is then due at once). EVERY: the first grid point strictly
+    after the enable time — STARTING AT itself when it is later, never a tick from before the job was
+    enabled. CRON: the first tick after the enable time.
     """
     if isinstance(schedule, AtSchedule):
         return schedule.at_ns
-    if isinstance(schedule, EverySchedule):
-        anchor = enabled_at_ns if schedule.starting_at_ns is None else schedule.starting_at_ns
-        return first_tick_after(anchor, schedule.interval_ns, max(anchor, enabled_at_ns))
-    return next_cron_tick(schedule.expression, schedule.time_zone, enabled_at_ns)
+    return _next_tick(schedule, enabled_at_ns, enabled_at_ns)
 
 
 def next_planned_after(schedule: Schedule, anchor_ns: int, after_ns: int) -> int | None:
     """The next planned tick strictly after ``after_ns``; None when the schedule has no more ticks.
 
-    EVERY ticks on its grid (anchored at STARTING AT if set, else at ``anchor_ns``); AT has one tick,
-    returned only while it is still after ``after_ns``; CRON gives its next tick.
+    EVERY ticks on its grid: STARTING AT + k*interval (k >= 0) if set, else ``anchor_ns`` (the time the
+    job was armed) + k*interval with k >= 1; AT has one tick, returned only while it is still after
+    ``after_ns``; CRON gives its next tick.
     """
-    if isinstance(schedule, EverySchedule):
-        anchor = anchor_ns if schedule.starting_at_ns is None else schedule.starting_at_ns
-        return first_tick_after(anchor, schedule.interval_ns, after_ns)
     if isinstance(schedule, AtSchedule):
         return schedule.at_ns if schedule.at_ns > after_ns else None
-    return next_cron_tick(schedule.expression, schedule.time_zone, after_ns)
+    return _next_tick(schedule, anchor_ns, after_ns)
+
+
+def _next_tick(schedule: EverySchedule | CronSchedule, armed_at_ns: int, after_ns: int) -> int:
+    """The tick strictly after ``after_ns`` of a recurring schedule armed at ``armed_at_ns``."""
+    if isinstance(schedule, CronSchedule):
+        return next_cron_tick(schedule.expression, schedule.time_zone, after_ns)
+    if schedule.starting_at_ns is None:  # the arming instant is the grid's origin, not a tick
+        return first_tick_after(armed_at_ns, schedule.interval_ns, max(armed_at_ns, after_ns))
+    return first_tick_after(schedule.starting_at_ns, schedule.interval_ns, after_ns)
 
 
 __all__ = [

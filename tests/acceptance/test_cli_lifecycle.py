@@ -74,7 +74,7 @@ def test_jobs_run_backfill_and_refusals(cli: Run, roles: Any) -> None:
     assert res.returncode == 0, res.stderr
     queued = cli("jobs", "run", "app.job", "--from", "2026-01-01T00:00:00Z", "--to", "2026-01-01T06:00:00Z", "--json")
     assert queued.returncode == 0, queued.stderr
-    assert json.loads(queued.stdout)["queued"] == 5  # k >= 1: 01:00 … 05:00
+    assert json.loads(queued.stdout)["queued"] == 6  # STARTING AT is a tick: 00:00 … 05:00
     ran = cli("run", "--once", "--json")
     assert ran.returncode == 0, ran.stderr
     half = cli("jobs", "run", "app.job", "--from", "2026-01-01T00:00:00Z")

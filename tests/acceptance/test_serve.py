@@ -35,22 +35,22 @@ def _check_ticks(app: App) -> None:
     """Every due tick ran exactly once or was coalesced; attempts of one job never overlapped."""
     duplicates = app.conn.execute("SELECT key FROM app.effects GROUP BY key HAVING count(*) > 1").fetchall()
     assert duplicates == []
-    # ticks of an interval job lie on anchor + k*interval (k >= 1); each one up to the last that ran
-    # either ran once or was coalesced (counted)
+    # ticks of an interval job lie on anchor + k*interval (k >= 1; k >= 0 from a STARTING AT ahead, as these
+    # jobs have); each one up to the last that ran either ran once or was coalesced (counted)
     rows = app.conn.execute("""
-        SELECT s.job_id, s.anchor_ns, j.interval_ns, s.coalesced_ticks,
+        SELECT s.job_id, s.anchor_ns, j.interval_ns, j.starting_at_ns IS NOT NULL, s.coalesced_ticks,
                (SELECT count(*) FROM app.effects e WHERE e.job = s.job_id) AS runs,
                (SELECT max(h.planned_ns) FROM radix.radix_system_job_history h
                 WHERE h.job_id = s.job_id AND h.status = 'succeeded') AS last_ns
         FROM radix.radix_system_job_state s JOIN radix.jobs j USING (job_id)
         WHERE j.schedule_kind = 'every'""").fetchall()
-    for job, anchor_ns, interval_ns, coalesced, runs, last_ns in rows:
+    for job, anchor_ns, interval_ns, from_start, coalesced, runs, last_ns in rows:
         if last_ns is None:
             continue
         history = app.conn.execute("SELECT planned_ns, attempt, status, node, error FROM "
                                    "radix.radix_system_job_history WHERE job_id = %s ORDER BY planned_ns",
                                    (job,)).fetchall()
-        assert runs + coalesced == (last_ns - anchor_ns) // interval_ns, "\n".join(map(str, history))
+        assert runs + coalesced == (last_ns - anchor_ns) // interval_ns + from_start, "\n".join(map(str, history))
     overlaps = app.conn.execute("""
         SELECT count(*) FROM (
             SELECT started_at, lag(finished_at) OVER (PARTITION BY job_id ORDER BY started_at) AS prev_end

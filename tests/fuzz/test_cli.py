@@ -188,7 +188,8 @@ def test_every_command_refuses_the_unreachable_server_in_one_line(files: dict[st
         if path[0] == "db" or path == ("serve",):  # serve waits for an unreachable server (docs/daemon.md)
             continue
         argv = list(path) + ([files["doc.json"]] if path == ("docs", "apply") else [])
-        argv += {("jobs", "show"): ["a.b"], ("jobs", "history"): ["a.b"], ("jobs", "run"): ["a.b"],
+        argv += {("jobs", "show"): ["a.b"], ("jobs", "next"): ["a.b"], ("jobs", "history"): ["a.b"],
+                 ("jobs", "run"): ["a.b"],
                  ("docs", "show"): ["1"],
                  ("run",): ["--once"], ("docs", "run"): ["--once"], ("sql",): ["-c", "select 1"],
                  ("docs", "grant-service"): ["svc", "PUBLIC"], ("docs", "revoke-service"): ["svc", "PUBLIC"],

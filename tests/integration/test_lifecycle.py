@@ -223,6 +223,45 @@ def test_alter_set_schedule_keeps_history_and_recomputes_the_tick(app: App) -> N
     assert len(app.history(name)) == 1
 
 
+def _ns(text: str) -> int:
+    return catalog._as_ns(dt.datetime.fromisoformat(text))
+
+
+def _now_ns(app: App) -> int:
+    row = app.conn.execute("SELECT radix.to_ns(clock_timestamp())").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def test_starting_at_ahead_is_the_first_tick_on_create_alter_and_enable(app: App) -> None:
+    start = "2226-12-10T00:00:00+00:00"
+    name = app.job(f"CREATE JOB app.later {HOURLY} STARTING AT TIMESTAMP '{start}' RUN AS {{p}} "
+                   "CALL app.record('x')")
+    assert app.state(name)["planned_ns"] == _ns(start)
+    catalog.alter_job(app.conn, name, enabled=False)
+    catalog.execute_job_ddl(app.conn, "ALTER JOB app.later ENABLE")
+    assert app.state(name)["planned_ns"] == _ns(start)
+    catalog.execute_job_ddl(app.conn, "ALTER JOB app.later SET SCHEDULE EVERY INTERVAL '1 day' STARTING AT "
+                                      "TIMESTAMP '2226-12-11T06:00:00Z'")
+    assert app.state(name)["planned_ns"] == _ns("2226-12-11T06:00:00+00:00")
+
+
+def test_starting_at_past_owes_nothing_from_before_the_job(app: App) -> None:
+    start = _ns("2026-01-01T00:00:00+00:00")
+    before = _now_ns(app)
+    name = app.job(f"CREATE JOB app.past {HOURLY} STARTING AT TIMESTAMP '2026-01-01T00:00:00Z' RUN AS {{p}} "
+                   "CALL app.record('x')")
+    planned = app.state(name)["planned_ns"]
+    assert (planned - start) % HOUR_NS == 0
+    assert before < planned <= _now_ns(app) + HOUR_NS  # the first grid point after creation
+
+
+def test_backfill_counts_starting_at_as_a_tick(app: App) -> None:
+    _backfill_job(app)  # STARTING AT 2026-01-01T00:00:00Z, hourly
+    assert catalog.execute_job_ddl(app.conn, "RUN JOB app.fill FOR RANGE TIMESTAMP '2025-12-31T22:00:00Z' TO "
+                                             "TIMESTAMP '2026-01-01T02:00:00Z'") == "RUN JOB 2"  # 00:00, 01:00
+
+
 def test_alter_set_run_as_call_and_options(app: App, roles: Any) -> None:
     name = app.job(f"CREATE JOB app.multi {HOURLY} RUN AS {{p}} CALL app.record('x')")
     other = roles("other")

@@ -72,11 +72,11 @@ def test_the_queue_of_a_job_is_bounded(app: App, roles: Any, login: Any) -> None
     _, conn = _owned_job(app, roles, login)
     catalog.execute_job_ddl(conn, "ALTER JOB app.owned SET SCHEDULE EVERY INTERVAL '1 second' STARTING AT "
                                   "TIMESTAMP '2026-01-01T00:00:00Z'")
-    start = 1767225600 * 10**9  # 2026-01-01T00:00:00Z; ticks at k >= 1 seconds after it
+    start = 1767225600 * 10**9  # 2026-01-01T00:00:00Z; ticks at k >= 0 seconds after it
     with pytest.raises(AdmissionError, match="above the limit of 10000 per statement"):
-        catalog.backfill_job(conn, "app.owned", start, start + 10_002 * 10**9)
+        catalog.backfill_job(conn, "app.owned", start, start + 10_001 * 10**9)
     assert _requests(app) == 0
-    assert catalog.backfill_job(conn, "app.owned", start, start + 10_001 * 10**9) == 10_000
+    assert catalog.backfill_job(conn, "app.owned", start, start + 10_000 * 10**9) == 10_000
     assert _requests(app) == 10_000 - 1  # the oldest is the job's current tick
     catalog.run_job(conn, "app.owned")  # the 10,000th queued
     with pytest.raises(AdmissionError, match="too many queued runs"):

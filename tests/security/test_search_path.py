@@ -93,6 +93,7 @@ def test_scheduler_role_default_search_path_chooses_nothing(app: App, roles: Any
     listed = _cli(app.dsn, "jobs", "list")
     assert {"app.every", "app.commits", "app.cron", "doc:501"} <= {j["name"] for j in listed}
     _cli(app.dsn, "jobs", "show", "app.every")
+    _cli(app.dsn, "jobs", "next", "app.cron")
     _cli(app.dsn, "docs", "list")
     _cli(app.dsn, "docs", "show", "501")
     assert _cli(app.dsn, "run", "--once")["attempts"] >= 2  # every, commits (cron: when a minute began)

@@ -7,6 +7,7 @@ import contextlib
 from datetime import datetime
 
 import pytest
+from croniter import croniter
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -239,13 +240,39 @@ def ticks(expression: str, zone: str, after: int, count: int) -> list[int]:
     return out
 
 
-def test_berlin_spring_forward_skips_the_missing_local_time() -> None:
+def test_berlin_spring_forward_runs_the_missing_local_time_right_after_the_jump() -> None:
     # 2026-03-29: 02:00 CET jumps to 03:00 CEST; 02:30 does not exist that day
     assert ticks("30 2 * * *", "Europe/Berlin", utc(2026, 3, 27, 12), 3) == [
         utc(2026, 3, 28, 1, 30),  # 02:30 CET
-        utc(2026, 3, 30, 0, 30),  # 02:30 CEST; none on the 29th
-        utc(2026, 3, 31, 0, 30),
+        utc(2026, 3, 29, 1, 0),  # 03:00 CEST, the first instant after the jump
+        utc(2026, 3, 30, 0, 30),  # 02:30 CEST
     ]
+
+
+def test_several_skipped_times_of_a_day_run_once_after_the_jump() -> None:
+    assert ticks("0,15,30 2 * * *", "Europe/Berlin", utc(2026, 3, 29), 2) == [
+        utc(2026, 3, 29, 1, 0),  # 02:00, 02:15 and 02:30 collapse into one run at 03:00 CEST
+        utc(2026, 3, 30, 0, 0),
+    ]
+    assert ticks("30 2,3 * * *", "Europe/Berlin", utc(2026, 3, 29), 3) == [
+        utc(2026, 3, 29, 1, 0),  # 02:30 (skipped) at 03:00 CEST
+        utc(2026, 3, 29, 1, 30),  # 03:30 CEST
+        utc(2026, 3, 30, 0, 30),
+    ]
+    assert ticks("0 2,3 * * *", "Europe/Berlin", utc(2026, 3, 29), 2) == [
+        utc(2026, 3, 29, 1, 0),  # 02:00 (skipped) and 03:00 are the same instant: one run
+        utc(2026, 3, 30, 0, 0),
+    ]
+
+
+@pytest.mark.parametrize("zone", ["Europe/Berlin", "America/New_York", "Australia/Lord_Howe", "Asia/Tokyo",
+                                  "America/Santiago", "Europe/London"])
+@pytest.mark.parametrize("expression", ["30 2 * * *", "0 1 * * *", "45 23 * * *", "59 59 1 * * *", "@daily"])
+def test_a_daily_job_runs_exactly_once_every_local_day(zone: str, expression: str) -> None:
+    tz = load_time_zone(zone)
+    days = [datetime.fromtimestamp(t // S, tz).date() for t in ticks(expression, zone, utc(2026, 1, 1), 730)]
+    assert len(set(days)) == len(days)  # never twice on one day
+    assert (days[-1] - days[0]).days == len(days) - 1  # never a day without
 
 
 def test_berlin_spring_forward_hourly() -> None:
@@ -262,24 +289,44 @@ def test_berlin_fall_back_runs_a_repeated_time_once_at_its_first_occurrence() ->
         utc(2026, 10, 25, 0, 30),  # 02:30 CEST, the first occurrence
         utc(2026, 10, 26, 1, 30),  # 02:30 CET next day; not 01:30Z on the 25th
     ]
-    assert ticks("*/30 * * * *", "Europe/Berlin", utc(2026, 10, 24, 23, 45), 3) == [
+    assert next_cron_tick("30 2 * * *", "Europe/Berlin", utc(2026, 10, 25, 1, 10)) == utc(2026, 10, 26, 1, 30)
+
+
+def test_berlin_fall_back_wildcard_jobs_run_by_the_wall_clock() -> None:
+    assert ticks("*/30 * * * *", "Europe/Berlin", utc(2026, 10, 24, 23, 45), 5) == [
         utc(2026, 10, 25, 0, 0),  # 02:00 CEST
         utc(2026, 10, 25, 0, 30),  # 02:30 CEST
-        utc(2026, 10, 25, 2, 0),  # 03:00 CET: the repeated 02:00 and 02:30 CET do not run
+        utc(2026, 10, 25, 1, 0),  # 02:00 CET: the wall clock shows 02:00 again
+        utc(2026, 10, 25, 1, 30),  # 02:30 CET
+        utc(2026, 10, 25, 2, 0),  # 03:00 CET
+    ]
+    assert ticks("*/15 2 * * *", "Europe/Berlin", utc(2026, 10, 24, 23, 50), 9)[-2:] == [
+        utc(2026, 10, 25, 1, 45),  # 02:45 CET: all eight quarters of both 2 o'clock hours
+        utc(2026, 10, 26, 1, 0),
     ]
 
 
 def test_berlin_fall_back_from_inside_the_second_occurrence() -> None:
     second_occurrence = utc(2026, 10, 25, 1, 10)  # 02:10 CET
-    assert next_cron_tick("*/30 * * * *", "Europe/Berlin", second_occurrence) == utc(2026, 10, 25, 2)
-    assert next_cron_tick("*/20 * * * * *", "Europe/Berlin", second_occurrence) == utc(2026, 10, 25, 2)
+    assert next_cron_tick("*/30 * * * *", "Europe/Berlin", second_occurrence) == utc(2026, 10, 25, 1, 30)
+    assert next_cron_tick("*/20 * * * * *", "Europe/Berlin", second_occurrence) == utc(2026, 10, 25, 1, 10, 20)
+    first_occurrence = utc(2026, 10, 25, 0, 40)  # 02:40 CEST: 02:45 CEST comes before 02:00 CET
+    assert next_cron_tick("*/15 * * * *", "Europe/Berlin", first_occurrence) == utc(2026, 10, 25, 0, 45)
+    assert next_cron_tick("*/15 * * * *", "Europe/Berlin", utc(2026, 10, 25, 0, 45)) == utc(2026, 10, 25, 1)
+
+
+def test_spring_forward_wildcard_jobs_skip_what_the_wall_clock_skips() -> None:
+    assert ticks("15 * * * *", "Europe/Berlin", utc(2026, 3, 29, 0), 2) == [
+        utc(2026, 3, 29, 0, 15),  # 01:15 CET
+        utc(2026, 3, 29, 1, 15),  # 03:15 CEST: 02:15 does not exist and is not made up
+    ]
 
 
 def test_new_york_spring_forward() -> None:
     # 2026-03-08: 02:00 EST jumps to 03:00 EDT
     assert ticks("30 2 * * *", "America/New_York", utc(2026, 3, 7, 12), 2) == [
-        utc(2026, 3, 9, 6, 30),  # 02:30 EDT on the 9th; the 8th has no 02:30
-        utc(2026, 3, 10, 6, 30),
+        utc(2026, 3, 8, 7, 0),  # the 8th has no 02:30: 03:00 EDT
+        utc(2026, 3, 9, 6, 30),  # 02:30 EDT
     ]
     assert ticks("0 * * * *", "America/New_York", utc(2026, 3, 8, 6, 30), 2) == [
         utc(2026, 3, 8, 7),  # 03:00 EDT (02:00 skipped)
@@ -295,8 +342,8 @@ def test_new_york_fall_back() -> None:
     ]
     assert ticks("0 * * * *", "America/New_York", utc(2026, 11, 1, 4, 30), 3) == [
         utc(2026, 11, 1, 5),  # 01:00 EDT
-        utc(2026, 11, 1, 7),  # 02:00 EST (01:00 EST is the repeat)
-        utc(2026, 11, 1, 8),
+        utc(2026, 11, 1, 6),  # 01:00 EST: an hourly job runs every hour of the wall clock
+        utc(2026, 11, 1, 7),  # 02:00 EST
     ]
 
 
@@ -317,6 +364,26 @@ def test_next_cron_tick_is_the_first_tick_strictly_after(
     between = after + (tick - 1 - after) * fraction_percent // 100
     assert next_cron_tick(expression, zone, between) == tick
     assert next_cron_tick(expression, zone, tick - 1) == tick
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.sampled_from(["*/7 * * * *", "15 * * * *", "*/20 1-3 * * *", "@hourly", "*/30 * * * *"]),
+    st.sampled_from([("Europe/Berlin", utc(2026, 3, 29, 1)), ("Europe/Berlin", utc(2026, 10, 25, 1)),
+                     ("Australia/Lord_Howe", utc(2026, 4, 4, 15)), ("Australia/Lord_Howe", utc(2026, 10, 3, 15, 30)),
+                     ("America/New_York", utc(2026, 11, 1, 6))]),
+    st.integers(-4 * 3_600, 4 * 3_600),
+)
+def test_wall_clock_jobs_fire_whenever_the_wall_clock_matches(
+    expression: str, transition: tuple[str, int], offset_s: int
+) -> None:
+    zone, at = transition
+    after = at + offset_s * S
+    tz = load_time_zone(zone)
+    minute = (after // S // 60 + 1) * 60
+    while not croniter.match(expression, datetime.fromtimestamp(minute, tz).replace(tzinfo=None)):
+        minute += 60  # every UTC minute, read on the wall clock: the brute-force answer
+    assert next_cron_tick(expression, zone, after) == minute * S
 
 
 BAD_CRONS = [
@@ -361,8 +428,8 @@ def test_load_time_zone() -> None:
 
 
 def test_first_tick_after_examples() -> None:
-    assert first_tick_after(0, 10, 0) == 10  # never the anchor itself
-    assert first_tick_after(0, 10, -5) == 10  # before the anchor: the first grid point after it
+    assert first_tick_after(0, 10, 0) == 10  # strictly after: the anchor is past
+    assert first_tick_after(0, 10, -5) == 0  # before the anchor: the anchor itself
     assert first_tick_after(0, 10, 9) == 10
     assert first_tick_after(0, 10, 10) == 20  # strictly after
     assert first_tick_after(3, 10, 25) == 33
@@ -376,8 +443,8 @@ def test_first_tick_after_is_on_the_grid_after_and_minimal(anchor: int, interval
     tick = first_tick_after(anchor, interval, after)
     assert (tick - anchor) % interval == 0
     assert tick > after
-    assert tick > anchor
-    assert tick - interval <= max(after, anchor)  # the previous grid point is not a valid answer
+    assert tick >= anchor
+    assert tick == anchor or tick - interval <= after  # the previous grid point is not a valid answer
 
 
 def test_coalesce_after_two_hours_down_runs_the_latest_tick_once() -> None:
@@ -424,7 +491,9 @@ def test_initial_planned_per_schedule_kind() -> None:
     assert initial_planned(AtSchedule(utc(2030, 1, 1)), enabled) == utc(2030, 1, 1)
     assert initial_planned(EverySchedule(5 * MINUTE), enabled) == enabled + 5 * MINUTE
     future_start = EverySchedule(HOUR, starting_at_ns=utc(2026, 2, 1))
-    assert initial_planned(future_start, enabled) == utc(2026, 2, 1, 1)  # first grid point after the anchor
+    assert initial_planned(future_start, enabled) == utc(2026, 2, 1)  # STARTING AT itself
+    exact_start = EverySchedule(HOUR, starting_at_ns=enabled)
+    assert initial_planned(exact_start, enabled) == enabled + HOUR  # strictly after the enable time
     past_start = EverySchedule(HOUR, starting_at_ns=utc(2025, 1, 1))
     assert initial_planned(past_start, enabled) == utc(2026, 1, 1, 13)  # next grid point after enabling
     assert initial_planned(CronSchedule("0 3 * * *", "Europe/Berlin"), enabled) == utc(2026, 1, 2, 2)

@@ -1,4 +1,4 @@
-"""``radixjobs jobs``: list, show and read the history of jobs, within the caller's rights."""
+"""``radixjobs jobs``: list, show, the next ticks and the history of jobs, within the caller's rights."""
 
 from __future__ import annotations
 
@@ -47,6 +47,90 @@ def jobs_show(opts: Options, name: str) -> None:
     human["history"] = human.pop("history_limit")
     human["time_zone"] = job["cron_time_zone"] if job["schedule_kind"] == "cron" else "(CRON only)"
     emit(opts, job, output.render_mapping(human))
+
+
+MAX_NEXT = 1_000
+LIVE_STATUSES = ("scheduled", "retry_wait", "running")
+
+
+@jobs_group.command("next")
+@click.argument("name")
+@click.option("--count", default="10", show_default=True, metavar="N", help=f"How many ticks (1 to {MAX_NEXT}).")
+@click.option("--from", "start", default=None, metavar="TIMESTAMP",
+              help="List the schedule's ticks at or after TIMESTAMP (ISO-8601, UTC unless it has an offset), "
+                   "whatever the job's state. Default: from the tick the engine has planned.")
+@common_options
+def jobs_next(opts: Options, name: str, count: str, start: str | None) -> None:
+    """The next planned times of a job, computed by the engine's schedule code, in UTC and in the job's
+    time zone (CRON; EVERY and AT ticks are shown in UTC twice)."""
+    from radixjobs import catalog, schedule
+
+    how_many = _next_count(count)
+    try:
+        start_ns = None if start is None else schedule.parse_timestamp(start)
+    except RadixError as exc:
+        raise RadixError(f"--from: {exc}") from None
+    with database(opts) as conn:
+        job = catalog.get_job(conn, name)
+    if job is None:
+        raise RadixError(f"job {name} does not exist (or is not visible to this role)")
+    zone = job["cron_time_zone"] if job["schedule_kind"] == "cron" else "UTC"
+    ticks = [{"planned_ns": tick, "utc": _iso(tick, "UTC"), "local": _iso(tick, zone)}
+             for tick in _upcoming(job, start_ns, how_many)]
+    human = output.render_table(("planned (UTC)", f"local ({zone})"), [[t["utc"], t["local"]] for t in ticks])
+    if not ticks and start_ns is None:
+        human += f"\njob {name} is {job['status']}: no tick planned (--from lists its schedule's ticks)"
+    emit(opts, {"job": job["name"], "schedule": job["schedule"], "time_zone": zone, "status": job["status"],
+                "ticks": ticks}, human)
+
+
+def _next_count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if not 1 <= value <= MAX_NEXT:
+        raise RadixError(f"--count must be a whole number from 1 to {MAX_NEXT}, got '{output.one_line(text, 20)}'")
+    return value
+
+
+def _upcoming(job: dict[str, Any], start_ns: int | None, count: int) -> list[int]:
+    """Up to ``count`` ticks from the state's planned one (or the first at or after ``start_ns``), each next
+    one as the engine plans it after running the one before (schedule.next_planned_after)."""
+    from radixjobs import schedule
+    from radixjobs.engine.definitions import schedule_of
+    from radixjobs.errors import ScheduleError
+
+    plan = schedule_of(job)
+    anchor = job["anchor_ns"] if job["anchor_ns"] is not None else start_ns or 0
+    if start_ns is not None:
+        tick = schedule.next_planned_after(plan, anchor, start_ns - 1)
+    elif job["status"] in LIVE_STATUSES and job["planned_ns"] is not None:
+        tick = job["planned_ns"]
+    elif job["status"] == "scheduled":  # a cron job the engine has not planned yet: as engine/planning.py
+        tick = schedule.next_planned_after(plan, anchor, anchor)
+    else:
+        tick = None
+    ticks: list[int] = []
+    while tick is not None and tick <= schedule.INT64_MAX and len(ticks) < count:
+        ticks.append(tick)
+        try:
+            tick = schedule.next_planned_after(plan, anchor, tick)
+        except ScheduleError:
+            break  # no tick within the supported range
+    return ticks
+
+
+def _iso(ns: int, zone: str) -> str:
+    """``ns`` as ISO-8601 in ``zone`` with its offset (UTC: 'Z'), to the microsecond when not whole."""
+    from datetime import datetime
+
+    from radixjobs.schedule import load_time_zone
+
+    moment = datetime.fromtimestamp(ns // 1_000_000_000, load_time_zone(zone))
+    moment = moment.replace(microsecond=ns % 1_000_000_000 // 1_000)
+    text = moment.isoformat()
+    return text[:-6] + "Z" if zone == "UTC" else text
 
 
 TERMINAL = ("succeeded", "failed")

@@ -223,7 +223,10 @@ BEGIN
     SELECT * INTO old FROM radix.radix_system_job_state WHERE job_id = j.job_id;
     anchor := coalesce(j.starting_at_ns, CASE WHEN keep_anchor THEN old.anchor_ns END, now_ns);
     IF j.schedule_kind = 'every' THEN
-        planned := anchor + j.interval_ns * greatest(1, (greatest(now_ns - anchor, 0) / j.interval_ns) + 1);
+        -- the first grid point after now, as schedule.initial_planned: STARTING AT itself while it is
+        -- ahead; any other anchor is the grid's origin, not a tick
+        planned := CASE WHEN j.starting_at_ns IS NOT NULL AND anchor > now_ns THEN anchor
+                        ELSE anchor + j.interval_ns * (greatest(now_ns - anchor, 0) / j.interval_ns + 1) END;
     ELSIF j.schedule_kind = 'at' THEN
         planned := j.at_ns;
         done := (coalesce(old.stash->>'status', old.status) = 'complete'

@@ -130,7 +130,8 @@ BEGIN
     IF from_time IS NULL OR to_time IS NULL OR from_time >= to_time THEN
         RAISE EXCEPTION 'RUN JOB ... FOR RANGE needs a start before its end' USING ERRCODE = '22023';
     END IF;
-    SELECT o.job_id, o.schedule_kind, o.interval_ns, o.at_ns, radix._job_anchor_ns(current_user, job) AS anchor_ns INTO j
+    SELECT o.job_id, o.schedule_kind, o.interval_ns, o.at_ns, o.starting_at_ns,
+           radix._job_anchor_ns(current_user, job) AS anchor_ns INTO j
     FROM radix.job_overview o WHERE o.schema_name = parts[1] AND o.job_name = parts[2];
     IF j.job_id IS NULL THEN
         RAISE EXCEPTION 'job % does not exist', job USING ERRCODE = '42704';
@@ -149,8 +150,10 @@ BEGIN
     ELSIF j.schedule_kind = 'at' THEN
         ticks := CASE WHEN j.at_ns >= a AND j.at_ns < b THEN ARRAY[j.at_ns] ELSE '{}' END;
     ELSE
-        -- grid anchor + k*interval, k >= 1 as the schedule counts it
-        first_k := greatest(1, ceil((a - j.anchor_ns)::numeric / j.interval_ns));
+        -- grid anchor + k*interval as the schedule counts it: k >= 0 from STARTING AT, else k >= 1 (the
+        -- instant the job was armed is the grid's origin, not a tick)
+        first_k := greatest(CASE WHEN j.starting_at_ns IS NULL THEN 1 ELSE 0 END,
+                            ceil((a - j.anchor_ns)::numeric / j.interval_ns));
         n := greatest(0, ceil((b - j.anchor_ns)::numeric / j.interval_ns) - first_k);
         IF n > radix.max_requested_ticks() THEN
             RAISE EXCEPTION 'RUN JOB would queue % ticks, above the limit of % per statement', n,

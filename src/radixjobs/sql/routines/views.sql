@@ -29,8 +29,8 @@ WHERE radix._is_operator();
 COMMENT ON VIEW radix.node_overview IS
     'Scheduler nodes of this database; rows only for operators (superusers, the radix schema owner, radix_admin).';
 
--- Each job with its schedule, options, state, the request in progress and the number queued; a role sees
--- the jobs it owns (operators: all).
+-- Each job with its schedule, options, state, the request in progress and the number queued, and its grid
+-- anchor (what `jobs next` computes from); a role sees the jobs it owns (operators: all).
 CREATE OR REPLACE VIEW radix.job_overview WITH (security_barrier) AS
 SELECT j.job_id, quote_ident(j.schema_name) || '.' || quote_ident(j.job_name) AS name,
        j.schema_name, j.job_name, j.owner_name AS owner, j.principal_name AS principal,
@@ -50,7 +50,8 @@ SELECT j.job_id, quote_ident(j.schema_name) || '.' || quote_ident(j.job_name) AS
        s.attempt, s.due_ns,
        s.idempotency_key, s.lease_node, s.lease_expires_at, s.coalesced_ticks, s.last_error,
        j.max_attempts, j.history_limit, j.coalesce_ticks, j.batch_ticks, s.request_kind,
-       (SELECT count(*) FROM radix.job_requests q WHERE q.job_id = j.job_id) AS queued_runs
+       (SELECT count(*) FROM radix.job_requests q WHERE q.job_id = j.job_id) AS queued_runs,
+       s.anchor_ns
 FROM radix.jobs j LEFT JOIN radix.radix_system_job_state s USING (job_id)
 WHERE radix._owner_visible(j.owner_oid);
 
