@@ -171,6 +171,7 @@ DECLARE
     long_left integer := long_allowed;  -- long ones this claim may still take (NULL: no limit)
     dead text[] := '{}';
     picked uuid[] := '{}';
+    missed uuid[];
     resuming boolean;
     budget integer;
     ps oid[];
@@ -290,6 +291,12 @@ BEGIN
             )
             SELECT r.id FROM ranked r WHERE NOT r.long OR r.nth <= long_allowed ORDER BY r.i);
     END IF;
+    -- a tick past its start deadline is recorded missed, not claimed (its state row is locked above)
+    IF EXISTS (SELECT 1 FROM radix.jobs j WHERE j.job_id = ANY (picked) AND j.start_deadline_ns IS NOT NULL) THEN
+        missed := radix._skip_missed(node, picked, now_ns);
+        picked := ARRAY(SELECT p.id FROM unnest(picked) WITH ORDINALITY AS p(id, i) WHERE p.id <> ALL (missed)
+                        ORDER BY p.i);
+    END IF;
     IF cardinality(picked) = 0 THEN
         RETURN;
     END IF;
@@ -396,6 +403,10 @@ BEGIN
         FROM (SELECT DISTINCT r.job_id FROM radix.job_requests r) q
         JOIN radix.radix_system_job_state s ON s.job_id = q.job_id
         WHERE s.request_kind IS NULL AND s.status NOT IN ('running', 'retry_wait');
+    END IF;
+    -- ticks past their start deadline are recorded missed, not found (a probe of jobs_start_deadline when none has one)
+    IF EXISTS (SELECT 1 FROM radix.jobs j WHERE j.start_deadline_ns IS NOT NULL) THEN
+        PERFORM radix._sweep_missed(node, now_ns);
     END IF;
     IF coalesce(max_ticks, 0) <= 0
        OR NOT coalesce((SELECT min(s.due_ns) FROM radix.radix_system_job_state s

@@ -9,16 +9,17 @@ RETURN jsonb_build_object('error', 'PL_JOB_ATTEMPT_FAILED', 'kind', 'lease_lost'
 
 -- The state advance after a tick's attempt ended for good: an AT job, or one with no next tick, ends
 -- (complete when it succeeded, else failed) and keeps its tick, attempt and key; any other is scheduled at its
--- next tick, attempt 0, no key. One row, plain SQL: the planner inlines it into the UPDATE that writes it,
+-- next tick (due at its jitter offset, radix._jitter_ns), attempt 0, no key. One row, plain SQL: the planner
+-- inlines it into the UPDATE that writes it,
 --   SET (status, planned_ns, due_ns, attempt, idempotency_key) = (SELECT * FROM radix._advanced(...)).
 CREATE OR REPLACE FUNCTION radix._advanced(kind text, next_ns bigint, succeeded boolean, tick_ns bigint,
-                                           tick_attempt integer, tick_key text)
+                                           tick_attempt integer, tick_key text, job uuid, jitter_ns bigint)
 RETURNS TABLE (status text, planned_ns bigint, due_ns bigint, attempt integer, idempotency_key text)
 LANGUAGE sql IMMUTABLE ROWS 1
 BEGIN ATOMIC
     SELECT CASE WHEN e.ended THEN CASE WHEN succeeded THEN 'complete' ELSE 'failed' END ELSE 'scheduled' END,
            CASE WHEN e.ended THEN tick_ns ELSE next_ns END,
-           CASE WHEN e.ended THEN NULL ELSE next_ns END,
+           CASE WHEN e.ended THEN NULL ELSE next_ns + radix._jitter_ns(job, next_ns, jitter_ns) END,
            CASE WHEN e.ended THEN tick_attempt ELSE 0 END,
            CASE WHEN e.ended THEN tick_key END
     FROM (SELECT kind = 'at' OR next_ns IS NULL AS ended) e;
@@ -49,7 +50,7 @@ SET search_path = pg_catalog, pg_temp
 SET jit = off
 AS $$
 DECLARE
-    kind text := (SELECT schedule_kind FROM radix.jobs WHERE job_id = job);
+    j radix.jobs := (SELECT x FROM radix.jobs x WHERE x.job_id = job);
     s radix.radix_system_job_state;
 BEGIN
     SELECT * INTO s FROM radix.radix_system_job_state
@@ -72,8 +73,8 @@ BEGIN
     ELSE
         UPDATE radix.radix_system_job_state st SET
             (status, planned_ns, due_ns, attempt, idempotency_key) =
-                (SELECT * FROM radix._advanced(kind, next_planned_ns, succeeded, st.planned_ns, st.attempt,
-                                               st.idempotency_key)),
+                (SELECT * FROM radix._advanced(j.schedule_kind, next_planned_ns, succeeded, st.planned_ns,
+                                               st.attempt, st.idempotency_key, job, j.jitter_ns)),
             lease_node = NULL, lease_token = NULL, lease_expires_at = NULL,
             last_error = coalesce(error, CASE WHEN succeeded THEN NULL ELSE last_error END),
             updated_at = clock_timestamp()
