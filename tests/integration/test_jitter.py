@@ -101,3 +101,13 @@ def test_the_offset_and_the_deadline_are_inlined_into_their_callers(app: App) ->
         "FROM radix.jobs j, radix._advanced('every', 7, true, 1, 0, 'k', j.job_id, j.jitter_ns) a").fetchall())
     assert "radix._" not in shown, shown
     assert "hashtextextended" in shown
+
+
+def test_create_or_replace_without_the_options_resets_them(app: App) -> None:
+    ddl = "CREATE OR REPLACE JOB app.j SCHEDULE EVERY INTERVAL '1 hour' RUN AS {p} CALL app.record('j') "
+    name = "app.j"
+    app.job(ddl + "WITH (jitter = '1 minute', start_deadline = '5 minutes')")
+    assert (app.state(name)["jitter_ns"], app.state(name)["start_deadline_ns"]) == (MINUTE_NS, 5 * MINUTE_NS)
+    app.job(ddl)
+    state = app.state(name)
+    assert (state["jitter_ns"], state["start_deadline_ns"], state["due_ns"]) == (None, None, state["planned_ns"])

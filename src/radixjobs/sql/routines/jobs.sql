@@ -502,7 +502,7 @@ BEGIN
     IF or_replace AND radix._job_exists(job) THEN
         PERFORM radix._change_job(current_user, job, coalesce(enabled, true), schedule, run_as, procedure,
                                   radix._resolve_call(proc_parts[1], proc_parts[2], args), opts,
-                                  ARRAY['timeout', 'max_attempts', 'history', 'coalesce', 'batch', 'time_zone'], NULL);
+                                  string_to_array(radix._option_names(), ', '), NULL);
         RETURN (SELECT o.job_id FROM radix.job_overview o, radix._split_qualified(job, 'job') AS p(parts)
                 WHERE o.schema_name = p.parts[1] AND o.job_name = p.parts[2]);
     END IF;
