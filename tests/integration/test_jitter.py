@@ -111,3 +111,24 @@ def test_create_or_replace_without_the_options_resets_them(app: App) -> None:
     app.job(ddl)
     state = app.state(name)
     assert (state["jitter_ns"], state["start_deadline_ns"], state["due_ns"]) == (None, None, state["planned_ns"])
+
+
+def test_a_late_job_runs_its_newest_tick_whose_offset_is_over(app: App) -> None:
+    """Coalescing chooses among the ticks that are due: the newest grid tick runs only once its offset is
+    over, else the one before it runs, and the newest is next (due at its offset)."""
+    name = app.job("CREATE JOB app.j SCHEDULE EVERY INTERVAL '1 hour' RUN AS {p} CALL app.record('j') "
+                   "WITH (jitter = '59 minutes')")
+    # a grid time a second ago whose offset is still at least 10 seconds away
+    row = app.conn.execute(
+        "SELECT c.g FROM radix.jobs j, (SELECT radix.to_ns(clock_timestamp()) - 1000000000 - i * 1000000 AS g "
+        "FROM generate_series(0, 1000) AS i) c WHERE radix._jitter_ns(j.job_id, c.g, j.jitter_ns) > 10000000000 "
+        "ORDER BY c.g DESC LIMIT 1").fetchone()
+    assert row is not None
+    newest = int(row[0])
+    app.conn.execute("UPDATE radix.radix_system_job_state SET planned_ns = %(p)s, anchor_ns = %(p)s, due_ns = %(p)s",
+                     {"p": newest - 2 * HOUR_NS})
+    assert app.run().counters["successes"] == 1
+    assert [h["planned_ns"] for h in app.history(name)] == [newest - HOUR_NS]
+    state = app.state(name)
+    assert (state["coalesced_ticks"], state["planned_ns"]) == (1, newest)
+    assert state["due_ns"] == newest + _offset(app, name, newest)

@@ -39,7 +39,8 @@ BEGIN
         SELECT s.job_id, s.planned_ns AS old_ns, j.schedule_kind, j.interval_ns, j.jitter_ns,
                j.start_deadline_ns,
                CASE WHEN j.schedule_kind = 'every'
-                    THEN radix._tick_to_run(s.planned_ns, now_ns, j.interval_ns, j.coalesce_ticks)
+                    THEN radix._tick_to_run(s.planned_ns, now_ns, j.interval_ns, j.coalesce_ticks, s.job_id,
+                                            j.jitter_ns)
                     ELSE s.planned_ns END AS run_ns
         FROM radix.radix_system_job_state s JOIN radix.jobs j ON j.job_id = s.job_id
         WHERE s.job_id = ANY (jobs) AND j.job_id = ANY (jobs) AND j.start_deadline_ns IS NOT NULL

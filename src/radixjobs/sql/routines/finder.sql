@@ -316,7 +316,8 @@ BEGIN
         SELECT s.job_id, s.status = 'running' AS resumed,
                CASE WHEN s.status = 'scheduled' AND j.schedule_kind = 'every' AND s.planned_ns <= now_ns
                          AND s.request_kind IS NULL
-                    THEN radix._tick_to_run(s.planned_ns, now_ns, j.interval_ns, j.coalesce_ticks)
+                    THEN radix._tick_to_run(s.planned_ns, now_ns, j.interval_ns, j.coalesce_ticks, s.job_id,
+                                            j.jitter_ns)
                     ELSE s.planned_ns END AS new_planned,
                coalesce(s.request_kind, 'schedule') AS run_kind,
                s.planned_ns AS old_planned, j.interval_ns, j.schedule_kind
@@ -451,11 +452,12 @@ BEGIN
     ), decided AS (
         SELECT f.*, j.interval_ns, j.schedule_kind, j.deadline_ms,
                CASE WHEN f.status = 'scheduled' AND j.schedule_kind = 'every' AND f.planned_ns <= now_ns
-                    THEN radix._tick_to_run(f.planned_ns, now_ns, j.interval_ns, j.coalesce_ticks)
+                    THEN radix._tick_to_run(f.planned_ns, now_ns, j.interval_ns, j.coalesce_ticks, f.job_id,
+                                            j.jitter_ns)
                     ELSE f.planned_ns END AS run_ns
         -- one probe of the jobs' primary key per tick found (see the header)
         FROM found f CROSS JOIN LATERAL (
-            SELECT jj.interval_ns, jj.schedule_kind, jj.coalesce_ticks, jj.deadline_ms FROM radix.jobs jj
+            SELECT jj.interval_ns, jj.schedule_kind, jj.coalesce_ticks, jj.deadline_ms, jj.jitter_ns FROM radix.jobs jj
             WHERE jj.job_id = f.job_id LIMIT 1) j
     )
     SELECT d.job_id, d.definition_version, d.run_ns, d.attempt + 1,

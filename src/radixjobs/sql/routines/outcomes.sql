@@ -33,11 +33,17 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE
 RETURN CASE WHEN kind = 'every' THEN (run_ns - planned_ns) / interval_ns ELSE 0 END;
 
 -- The tick an EVERY job found late at `now_ns` runs: the newest one due when it coalesces missed ticks, else
--- the oldest of the newest radix.max_missed_ticks() (the ones before it are coalesced).
+-- the oldest of the newest radix.max_missed_ticks() (the ones before it are coalesced). Due: past its jitter
+-- offset (radix._jitter_ns), so the newest tick on the grid counts only once its offset is over.
 CREATE OR REPLACE FUNCTION radix._tick_to_run(planned_ns bigint, now_ns bigint, interval_ns bigint,
-                                              coalesce_ticks boolean) RETURNS bigint
+                                              coalesce_ticks boolean, job uuid, jitter_ns bigint) RETURNS bigint
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 RETURN planned_ns + greatest((now_ns - planned_ns) / interval_ns
+                             - CASE WHEN now_ns - planned_ns >= interval_ns
+                                         AND radix._jitter_ns(job, planned_ns + (now_ns - planned_ns) / interval_ns
+                                                                                * interval_ns, jitter_ns)
+                                             > (now_ns - planned_ns) % interval_ns
+                                    THEN 1 ELSE 0 END
                              - CASE WHEN coalesce_ticks THEN 0 ELSE radix.max_missed_ticks() - 1 END, 0) * interval_ns;
 
 -- The state advance: the job's next tick after an attempt, fenced by its lease token (false: the token no
