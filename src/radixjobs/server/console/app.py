@@ -151,7 +151,7 @@ class Console:
         minute = [r for r in all_recent if (now - r["started_at"]).total_seconds() <= 60]
         failures: dict[str, int] = {}
         for row in all_recent:
-            if row["status"] in ("failed", "lease_lost"):
+            if row["status"] in ("failed", "lease_lost", "missed"):
                 key = row["category"] or row["status"]
                 failures[key] = failures.get(key, 0) + 1
         slots = self.daemon.slots
