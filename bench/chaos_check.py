@@ -4,7 +4,8 @@ engine's state after the clean stop.
 Violations (each must be 0): duplicate effects of atomic procedures, duplicate radix.once() effects,
 effects of failed attempts kept, effects without their tick's success (or the reverse), ticks run before
 they were planned, overlapping attempts of one job or document, history over 256 rows for a job, ticks
-neither run, failed nor coalesced (or coalesced beyond the state's count), leases left after the clean
+neither run, failed, missed (past a start deadline) nor coalesced (or coalesced beyond the state's count), or
+with more than one of these outcomes, leases left after the clean
 stop, unexpected daemon exits or unclean stops, and stalls after a kill longer than ``max_stall_s``.
 """
 
@@ -101,7 +102,7 @@ def _ticks(conn: psycopg.Connection[Any]) -> dict[Any, dict[int, set[str]]]:
     """job id -> planned tick -> terminal outcomes seen in the ledger."""
     out: dict[Any, dict[int, set[str]]] = defaultdict(lambda: defaultdict(set))
     for job, planned, status in conn.execute(
-            "SELECT job_id, planned_ns, status FROM chaos.ledger WHERE status IN ('succeeded', 'failed') "
+            "SELECT job_id, planned_ns, status FROM chaos.ledger WHERE status IN ('succeeded', 'failed', 'missed') "
             "AND run_kind = 'schedule'"):
         out[job][planned].add(status)
     return out
@@ -119,7 +120,8 @@ def _first_tick(kind: str, interval_ns: int | None, starting_at_ns: int | None, 
 
 
 def check_ticks(conn: psycopg.Connection[Any], report: Report, steps: dict[str, int]) -> None:
-    """Every due tick of a recurring job was run, failed terminally, or coalesced (as the state counts)."""
+    """Every due tick of a recurring job was run, failed terminally, missed (its start deadline passed), or
+    coalesced (as the state counts), and only one of these."""
     ticks = _ticks(conn)
     totals: defaultdict[str, int] = defaultdict(int)
     for (job, name, kind, interval_ns, starting_at_ns, created_ns, expr, zone, anchor, planned, status, coalesced,
@@ -134,12 +136,15 @@ def check_ticks(conn: psycopg.Connection[Any], report: Report, steps: dict[str, 
         off_grid = [t for t in seen if (t - first) % step or not first <= t < planned]
         run = sum(1 for outcomes in seen.values() if "succeeded" in outcomes)
         failed = sum(1 for outcomes in seen.values() if outcomes == {"failed"})
+        missed = sum(1 for outcomes in seen.values() if outcomes == {"missed"})
         both = sum(1 for outcomes in seen.values() if len(outcomes) > 1)
-        if off_grid or both or (planned - first) % step or due != run + failed + coalesced:
-            report.violation("unaccounted_ticks", abs(due - run - failed - coalesced) + len(off_grid) + both,
-                             [f"{name}: due {due} run {run} failed {failed} coalesced {coalesced} "
+        accounted = run + failed + missed + coalesced
+        if off_grid or both or (planned - first) % step or due != accounted:
+            report.violation("unaccounted_ticks", abs(due - accounted) + len(off_grid) + both,
+                             [f"{name}: due {due} run {run} failed {failed} missed {missed} coalesced {coalesced} "
                               f"off-grid {len(off_grid)} both {both}"])
-        for key, value in (("due", due), ("run", run), ("failed", failed), ("coalesced", coalesced)):
+        for key, value in (("due", due), ("run", run), ("failed", failed), ("missed", missed),
+                           ("coalesced", coalesced)):
             totals[key] += value
     report.figures.update({f"ticks_{k}": v for k, v in totals.items()})
 

@@ -17,7 +17,7 @@ def quote_ident(name: str) -> str:
 
 
 # The statuses an attempt has in radix.job_history.
-HISTORY_STATUSES = ("running", "succeeded", "retrying", "failed", "lease_lost", "released")
+HISTORY_STATUSES = ("running", "succeeded", "retrying", "failed", "lease_lost", "released", "missed")
 
 
 @dataclass(frozen=True)

@@ -29,18 +29,23 @@ def _setup(cli: Run, roles: Any, body: str = "INSERT INTO app.runs DEFAULT VALUE
 
 def test_alter_set_rename_and_show(cli: Run, roles: Any) -> None:
     _setup(cli, roles)
-    res = cli("sql", "-c", "ALTER JOB app.job SET (timeout = '2 hours', max_attempts = 2, coalesce = off, batch = on), "
+    res = cli("sql", "-c", "ALTER JOB app.job SET (timeout = '2 hours', max_attempts = 2, coalesce = off, batch = on, "
+                           "start_deadline = '10 minutes', jitter = '30 seconds'), "
                            "SET SCHEDULE CRON '0 3 * * *'", "-c", "ALTER JOB app.job RENAME TO app.nightly")
     assert res.returncode == 0, res.stderr
     assert res.stdout.splitlines() == ["ALTER JOB", "ALTER JOB"]
     shown = cli("jobs", "show", "app.nightly")
     assert shown.returncode == 0, shown.stderr
     for line in ("timeout", "2 hours"), ("max_attempts", "2"), ("coalesce", "off"), ("batch", "on"), \
-                ("history", "256"), ("time_zone", "UTC"):
+                ("history", "256"), ("time_zone", "UTC"), ("start_deadline", "10 minutes"), ("jitter", "30 seconds"):
         assert any(line[0] in row and row.rstrip().endswith(line[1]) for row in shown.stdout.splitlines()), line
     bad = cli("sql", "-c", "ALTER JOB app.nightly SET (history = 0)")
     assert bad.returncode == 1
     assert "history must be an integer from 1 to 100000" in bad.stderr
+    assert len(bad.stderr.strip().splitlines()) == 1
+    bad = cli("sql", "-c", "ALTER JOB app.nightly SET SCHEDULE EVERY INTERVAL '10 seconds'")
+    assert bad.returncode == 1
+    assert "option jitter must be less than the schedule's interval" in bad.stderr
     assert len(bad.stderr.strip().splitlines()) == 1
 
 

@@ -499,8 +499,13 @@ def test_with_options(suffix: str, timeout_ms: int | None, enabled: bool) -> Non
 
 
 @pytest.mark.parametrize(("suffix", "fragment", "column"), [
-    ("WITH (retries = 3)",
-     'unknown option "retries" (accepted: timeout, max_attempts, history, coalesce, batch, time_zone)', 71),
+    ("WITH (retries = 3)", 'unknown option "retries" (accepted: timeout, max_attempts, history, coalesce, batch, '
+                           'start_deadline, jitter, time_zone)', 71),
+    ("WITH (jitter = 30)", "jitter must be an interval string", 80),
+    ("WITH (jitter = '0 seconds')", "jitter: interval must be positive", 80),
+    ("WITH (start_deadline = '-1 minute')", "start_deadline: interval must be positive", 88),
+    ("WITH (start_deadline = '2 months')", "calendar unit 'months' is not allowed", 88),
+    ("WITH (start_deadline = '10 microseconds')", "must be at least 1 millisecond", 88),
     ("WITH (timeout = '1 hour', nice = 5)", 'unknown option "nice"', 91),
     ("WITH (batch = maybe)", "batch must be on or off", 79),
     ("WITH (timeout = '1h', timeout = '2h')", 'option "timeout" is given more than once', 87),
@@ -525,3 +530,15 @@ def test_intervals_under_a_second_are_refused(interval: str) -> None:
         parse_job_statement(f"{EVERY}'{interval}' RUN AS r CALL s.p()")
     assert "shorter than the minimum of 1 second" in caught.value.message
     assert caught.value.position == SourcePosition(1, 40)
+
+
+@pytest.mark.parametrize(("suffix", "options"), [
+    ("WITH (start_deadline = '10 minutes')", (("start_deadline", "600000000 microseconds"),)),
+    ("WITH (jitter = '30s', start_deadline = '1h')",
+     (("jitter", "30000000 microseconds"), ("start_deadline", "3600000000 microseconds"))),
+    ("WITH (jitter = '1.5 milliseconds')", (("jitter", "1500 microseconds"),)),
+])
+def test_interval_options_are_sent_as_microseconds(suffix: str, options: tuple[tuple[str, str], ...]) -> None:
+    stmt = parse_job_statement(EVERY + CALL_P + suffix)
+    assert isinstance(stmt, CreateJob)
+    assert stmt.options == options

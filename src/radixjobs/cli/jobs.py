@@ -44,6 +44,9 @@ def jobs_show(opts: Options, name: str) -> None:
     human["timeout"] = catalog.describe_timeout(job["deadline_ms"])
     human["coalesce"] = "on" if job["coalesce_ticks"] else "off"
     human["batch"] = "on" if job["batch_ticks"] else "off"
+    for option in ("start_deadline", "jitter"):
+        ns = job[f"{option}_ns"]
+        human[option] = "none" if ns is None else catalog.describe_timeout(ns // 1_000_000)
     human["history"] = human.pop("history_limit")
     human["time_zone"] = job["cron_time_zone"] if job["schedule_kind"] == "cron" else "(CRON only)"
     emit(opts, job, output.render_mapping(human))

@@ -12,7 +12,7 @@ from radixjobs.errors import ParseError, ScheduleError
 
 MAX_TIMEOUT_MS = 7 * 86_400_000  # radix.max_timeout_ms()
 OPTION_DEFAULTS = {"timeout": "4 minutes", "max_attempts": "5", "history": "256", "coalesce": "on", "batch": "off",
-                   "time_zone": "UTC (CRON only)"}
+                   "start_deadline": "none", "jitter": "none", "time_zone": "UTC (CRON only)"}
 JOB_OPTIONS = tuple(OPTION_DEFAULTS)
 _SWITCH = {"on": "on", "true": "on", "yes": "on", "1": "on", "off": "off", "false": "off", "no": "off", "0": "off"}
 
@@ -33,6 +33,8 @@ def check_option(name: Token, value: Token, fail: Callable[[str, Token], ParseEr
         if ns > MAX_TIMEOUT_MS * 1_000_000:
             raise fail(f"timeout '{text}' is above the maximum of 7 days", value)
         return ns // 1_000_000
+    if name.value in ("start_deadline", "jitter"):
+        return _positive_interval(name.value, value, fail)
     if name.value in ("max_attempts", "history"):
         top = 10 if name.value == "max_attempts" else 100_000
         if value.kind not in (TokenKind.NUMBER, TokenKind.STRING) or not text.isdigit() or not 1 <= int(text) <= top:
@@ -50,3 +52,17 @@ def check_option(name: Token, value: Token, fail: Callable[[str, Token], ParseEr
     except ScheduleError as exc:
         raise fail(str(exc), value) from None
     return text
+
+
+def _positive_interval(name: str, value: Token, fail: Callable[[str, Token], ParseError]) -> str:
+    """An interval option (start_deadline, jitter) of at least a millisecond, as the database reads it: a whole
+    number of microseconds."""
+    if value.kind is not TokenKind.STRING:
+        raise fail(f"{name} must be an interval string, e.g. {name} = '10 minutes'", value)
+    try:
+        ns = sched.parse_interval(value.value)
+    except ScheduleError as exc:
+        raise fail(f"{name}: {exc}", value) from None
+    if ns < 1_000_000:
+        raise fail(f"{name} '{value.value}' must be at least 1 millisecond", value)
+    return f"{ns // 1000} microseconds"

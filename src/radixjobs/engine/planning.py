@@ -41,10 +41,14 @@ EXISTS (SELECT 1 FROM radix.jobs j JOIN radix.radix_system_job_state s USING (jo
           AND (s.planned_ns IS NULL OR s.due_ns <= radix.to_ns(clock_timestamp())))
 """
 
+# The tick is due at its jitter offset (radix._jitter_ns), as every tick the database plans.
 STORE_PLAN = """
-UPDATE radix.radix_system_job_state SET planned_ns = %s, due_ns = %s,
-       coalesced_ticks = coalesced_ticks + %s, status = %s, last_error = %s, updated_at = clock_timestamp()
-WHERE job_id = %s AND definition_version = %s AND status = 'scheduled'
+UPDATE radix.radix_system_job_state s SET planned_ns = %(tick)s,
+       due_ns = %(due)s + radix._jitter_ns(s.job_id, %(tick)s, (SELECT j.jitter_ns FROM radix.jobs j
+                                                                 WHERE j.job_id = s.job_id)),
+       coalesced_ticks = s.coalesced_ticks + %(skipped)s, status = %(status)s, last_error = %(error)s,
+       updated_at = clock_timestamp()
+WHERE s.job_id = %(job)s AND s.definition_version = %(version)s AND s.status = 'scheduled'
 """
 
 
@@ -83,6 +87,7 @@ async def plan_cron(conn: psycopg.AsyncConnection[Any]) -> int:
                 tick, skipped, status = planned or anchor, 0, "failed"
                 error = Jsonb({"error": "PL_JOB_ATTEMPT_FAILED", "kind": "invalid_schedule",
                                                   "category": "data", "message": str(exc)})
-            await conn.execute(STORE_PLAN, (tick, tick if status == "scheduled" else None, skipped, status,
-                                            error, job_id, version))
+            await conn.execute(STORE_PLAN, {"tick": tick, "due": tick if status == "scheduled" else None,
+                                            "skipped": skipped, "status": status, "error": error,
+                                            "job": job_id, "version": version})
     return skipped_total

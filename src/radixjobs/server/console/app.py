@@ -41,7 +41,7 @@ HERE = Path(__file__).parent
 MAX_CONCURRENT = 4
 PAGE_SIZE = 50
 STATES = ("scheduled", "running", "retry_wait", "complete", "failed", "disabled", "active", "passive", "error")
-HISTORY_STATUSES = ("succeeded", "failed", "running", "lease_lost", "released")
+HISTORY_STATUSES = ("succeeded", "failed", "running", "lease_lost", "released", "missed")
 ACTIONS = {"run": "Run {target} now", "enable": "Enable {target}", "disable": "Disable {target}",
            "activate": "Make document {target} ACTIVE", "passivate": "Make document {target} PASSIVE"}
 T = TypeVar("T")
@@ -151,7 +151,7 @@ class Console:
         minute = [r for r in all_recent if (now - r["started_at"]).total_seconds() <= 60]
         failures: dict[str, int] = {}
         for row in all_recent:
-            if row["status"] in ("failed", "lease_lost"):
+            if row["status"] in ("failed", "lease_lost", "missed"):
                 key = row["category"] or row["status"]
                 failures[key] = failures.get(key, 0) + 1
         slots = self.daemon.slots

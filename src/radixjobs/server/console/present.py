@@ -14,7 +14,7 @@ from typing import Any
 
 UNITS = (("day", 86_400), ("hour", 3_600), ("minute", 60), ("second", 1))
 OUTCOME_CLASS = {"succeeded": "ok", "running": "run", "completed": "ok", "failed": "bad", "lease_lost": "bad",
-                 "released": "warn", "retry": "warn", "skipped": "muted"}
+                 "released": "warn", "retry": "warn", "skipped": "muted", "missed": "warn"}
 WINDOWS = {"10m": 600, "1h": 3600, "6h": 6 * 3600, "24h": 86_400, "7d": 7 * 86_400}
 
 

@@ -503,9 +503,44 @@ BEGIN
                               'arguments', bound);
 END $$;
 
+-- The job options' names, as errors list them.
+CREATE OR REPLACE FUNCTION radix._option_names() RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN 'timeout, max_attempts, history, coalesce, batch, start_deadline, jitter, time_zone';
+
+-- Option `k` given as a positive interval string (start_deadline, jitter), in nanoseconds; raises naming the
+-- option for anything else (a number, a calendar unit, less than a millisecond).
+CREATE OR REPLACE FUNCTION radix._option_interval_ns(k text, v jsonb) RETURNS bigint
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+SET jit = off
+AS $$
+DECLARE
+    iv interval;
+BEGIN
+    IF jsonb_typeof(v) <> 'string' THEN
+        RAISE EXCEPTION 'option % must be an interval string, e.g. % = ''10 minutes''', k, k USING ERRCODE = '22023';
+    END IF;
+    BEGIN
+        iv := (v #>> '{}')::interval;
+    EXCEPTION WHEN invalid_datetime_format OR datetime_field_overflow OR interval_field_overflow
+                   OR invalid_text_representation THEN
+        RAISE EXCEPTION 'option %: invalid interval %', k, quote_literal(v #>> '{}') USING ERRCODE = '22023';
+    END;
+    IF extract(month FROM iv) <> 0 OR extract(year FROM iv) <> 0 THEN
+        RAISE EXCEPTION 'calendar units (month, year) are not allowed in option %', k USING ERRCODE = '22023';
+    END IF;
+    IF iv < interval '1 millisecond' THEN
+        RAISE EXCEPTION 'option % must be at least 1 millisecond, not %', k, quote_literal(v #>> '{}')
+            USING ERRCODE = '22023';
+    END IF;
+    RETURN (extract(epoch FROM iv) * 1000000000)::bigint;
+END $$;
+
 -- WITH (...) / SET (...) options as given (JSON: {"timeout": "2 hours", "max_attempts": 3, "history":
--- 1000, "coalesce": "off", "batch": "on", "time_zone": "Europe/Berlin"}) -> their stored form {deadline_ms,
--- max_attempts, history_limit, coalesce_ticks, batch_ticks, time_zone}; raises naming the option for anything
+-- 1000, "coalesce": "off", "batch": "on", "start_deadline": "10 minutes", "jitter": "30 seconds",
+-- "time_zone": "Europe/Berlin"}) -> their stored form {deadline_ms, max_attempts, history_limit,
+-- coalesce_ticks, batch_ticks, start_deadline_ns, jitter_ns, time_zone}; raises naming the option for anything
 -- else. Runs on the caller's side (an interval is read in the caller's session, like a constant).
 CREATE OR REPLACE FUNCTION radix._normalise_options(opts jsonb) RETURNS jsonb
 LANGUAGE plpgsql STABLE
@@ -563,14 +598,15 @@ BEGIN
                 RAISE EXCEPTION 'option % must be on or off, not %', k, t USING ERRCODE = '22023';
             END IF;
             out := out || jsonb_build_object(k || '_ticks', lower(t) IN ('on', 'true', 'yes', '1'));
+        WHEN 'start_deadline', 'jitter' THEN
+            out := out || jsonb_build_object(k || '_ns', radix._option_interval_ns(k, v));
         WHEN 'time_zone' THEN
             IF NOT EXISTS (SELECT 1 FROM pg_timezone_names WHERE name = t) THEN
                 RAISE EXCEPTION 'option time_zone: unknown time zone %', quote_literal(t) USING ERRCODE = '22023';
             END IF;
             out := out || jsonb_build_object('time_zone', t);
         ELSE
-            RAISE EXCEPTION 'unknown option "%" (accepted: timeout, max_attempts, history, coalesce, batch, time_zone)', k
-                USING ERRCODE = '22023';
+            RAISE EXCEPTION 'unknown option "%" (accepted: %)', k, radix._option_names() USING ERRCODE = '22023';
         END CASE;
     END LOOP;
     RETURN out;

@@ -35,13 +35,16 @@ BEGIN
                                AS token) x
     WHERE s.job_id = job AND s.status IN ('scheduled', 'retry_wait') AND s.request_kind IS NULL
       AND NOT s.via_lease AND s.due_ns <= radix.to_ns(clock_timestamp())
+      AND NOT (s.status = 'scheduled' AND radix._tick_missed(job, start_tick.planned_ns, j.jitter_ns,
+                                                              j.start_deadline_ns, radix.to_ns(clock_timestamp())))
       AND radix._mac_of(radix._session_key_of(k.secret, pg_backend_pid(), started), x.token) = mac
     -- as begin_atomic: radix.claim_due (FOR UPDATE ... SKIP LOCKED) passes the row by while the tick runs,
     -- and ALTER JOB (a plain UPDATE) does not wait for it
     FOR KEY SHARE OF s;
     IF NOT FOUND THEN
         error_sqlstate := 'RXT01';
-        error_message := 'the tick is not this session''s to run: it ran, or changed since it was found';
+        error_message := 'the tick is not this session''s to run: it ran, changed since it was found, or missed '
+                         'its start deadline';
     ELSIF c.refused = 1 THEN
         error_sqlstate := '42501';
         error_message := 'permission denied: the attempt is not logged in as its principal';
@@ -113,7 +116,7 @@ BEGIN
         UPDATE radix.radix_system_job_state s SET
             (status, planned_ns, due_ns, attempt, idempotency_key) =
                 (SELECT * FROM radix._advanced(j.schedule_kind, t.next_ns, true, t.planned_ns, t.attempt,
-                                               t.job::text || '/' || t.planned_ns::text)),
+                                               t.job::text || '/' || t.planned_ns::text, t.job, j.jitter_ns)),
             coalesced_ticks = s.coalesced_ticks
                               + radix._ticks_coalesced(j.schedule_kind, s.planned_ns, t.planned_ns, j.interval_ns),
             last_error = NULL, updated_at = clock_timestamp()
@@ -203,6 +206,8 @@ BEGIN
         WHERE s.job_id = ANY (locked) AND j.job_id = ANY (locked)
           AND s.status IN ('scheduled', 'retry_wait') AND s.request_kind IS NULL
           AND NOT s.via_lease AND s.due_ns <= radix.to_ns(clock_timestamp())
+          AND NOT (s.status = 'scheduled' AND radix._tick_missed(u.job, u.planned_ns, j.jitter_ns, j.start_deadline_ns,
+                                                                  radix.to_ns(clock_timestamp())))
           AND radix._mac_of(x.key, radix._token_of(x.secret, u.job, u.planned_ns, s.attempt, s.updated_at)) = u.mac
         -- as start_tick: radix.claim_due (FOR UPDATE ... SKIP LOCKED) passes the rows by while the batch
         -- runs, and ALTER JOB (a plain UPDATE) does not wait for them
@@ -220,7 +225,8 @@ BEGIN
             error_message := 'the tick is not this session''s to run: another session runs it';
         ELSIF at IS NULL THEN
             error_sqlstate := 'RXT01';
-            error_message := 'the tick is not this session''s to run: it ran, or changed since it was found';
+            error_message := 'the tick is not this session''s to run: it ran, changed since it was found, or '
+                             'missed its start deadline';
         ELSIF NOT batchable[at] THEN
             error_sqlstate := 'RXT03';
             error_message := 'the tick is not run in a batch: its job is not WITH (batch = on)';

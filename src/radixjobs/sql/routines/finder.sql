@@ -171,6 +171,7 @@ DECLARE
     long_left integer := long_allowed;  -- long ones this claim may still take (NULL: no limit)
     dead text[] := '{}';
     picked uuid[] := '{}';
+    missed uuid[];
     resuming boolean;
     budget integer;
     ps oid[];
@@ -290,6 +291,12 @@ BEGIN
             )
             SELECT r.id FROM ranked r WHERE NOT r.long OR r.nth <= long_allowed ORDER BY r.i);
     END IF;
+    -- a tick past its start deadline is recorded missed, not claimed (its state row is locked above)
+    IF EXISTS (SELECT 1 FROM radix.jobs j WHERE j.job_id = ANY (picked) AND j.start_deadline_ns IS NOT NULL) THEN
+        missed := radix._skip_missed(node, picked, now_ns);
+        picked := ARRAY(SELECT p.id FROM unnest(picked) WITH ORDINALITY AS p(id, i) WHERE p.id <> ALL (missed)
+                        ORDER BY p.i);
+    END IF;
     IF cardinality(picked) = 0 THEN
         RETURN;
     END IF;
@@ -309,7 +316,8 @@ BEGIN
         SELECT s.job_id, s.status = 'running' AS resumed,
                CASE WHEN s.status = 'scheduled' AND j.schedule_kind = 'every' AND s.planned_ns <= now_ns
                          AND s.request_kind IS NULL
-                    THEN radix._tick_to_run(s.planned_ns, now_ns, j.interval_ns, j.coalesce_ticks)
+                    THEN radix._tick_to_run(s.planned_ns, now_ns, j.interval_ns, j.coalesce_ticks, s.job_id,
+                                            j.jitter_ns)
                     ELSE s.planned_ns END AS new_planned,
                coalesce(s.request_kind, 'schedule') AS run_kind,
                s.planned_ns AS old_planned, j.interval_ns, j.schedule_kind
@@ -397,6 +405,10 @@ BEGIN
         JOIN radix.radix_system_job_state s ON s.job_id = q.job_id
         WHERE s.request_kind IS NULL AND s.status NOT IN ('running', 'retry_wait');
     END IF;
+    -- ticks past their start deadline are recorded missed, not found (a probe of jobs_start_deadline when none has one)
+    IF EXISTS (SELECT 1 FROM radix.jobs j WHERE j.start_deadline_ns IS NOT NULL) THEN
+        PERFORM radix._sweep_missed(node, now_ns);
+    END IF;
     IF coalesce(max_ticks, 0) <= 0
        OR NOT coalesce((SELECT min(s.due_ns) FROM radix.radix_system_job_state s
                         WHERE s.status IN ('scheduled', 'running', 'retry_wait')) <= until_ns, false) THEN
@@ -440,11 +452,12 @@ BEGIN
     ), decided AS (
         SELECT f.*, j.interval_ns, j.schedule_kind, j.deadline_ms,
                CASE WHEN f.status = 'scheduled' AND j.schedule_kind = 'every' AND f.planned_ns <= now_ns
-                    THEN radix._tick_to_run(f.planned_ns, now_ns, j.interval_ns, j.coalesce_ticks)
+                    THEN radix._tick_to_run(f.planned_ns, now_ns, j.interval_ns, j.coalesce_ticks, f.job_id,
+                                            j.jitter_ns)
                     ELSE f.planned_ns END AS run_ns
         -- one probe of the jobs' primary key per tick found (see the header)
         FROM found f CROSS JOIN LATERAL (
-            SELECT jj.interval_ns, jj.schedule_kind, jj.coalesce_ticks, jj.deadline_ms FROM radix.jobs jj
+            SELECT jj.interval_ns, jj.schedule_kind, jj.coalesce_ticks, jj.deadline_ms, jj.jitter_ns FROM radix.jobs jj
             WHERE jj.job_id = f.job_id LIMIT 1) j
     )
     SELECT d.job_id, d.definition_version, d.run_ns, d.attempt + 1,

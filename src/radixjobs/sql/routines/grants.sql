@@ -51,6 +51,8 @@ GRANT EXECUTE ON FUNCTION
     radix._check_output_arguments(oid,jsonb),
     radix._check_timeout(numeric,text),
     radix._bind_arguments(oid,jsonb),
+    radix._option_names(),
+    radix._option_interval_ns(text,jsonb),
     radix._normalise_options(jsonb)
     TO PUBLIC;
 

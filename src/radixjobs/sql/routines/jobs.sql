@@ -141,10 +141,12 @@ BEGIN
         WHEN 'history' THEN j.history_limit := 256;
         WHEN 'coalesce' THEN j.coalesce_ticks := true;
         WHEN 'batch' THEN j.batch_ticks := false;
+        WHEN 'start_deadline' THEN j.start_deadline_ns := NULL;
+        WHEN 'jitter' THEN j.jitter_ns := NULL;
         WHEN 'time_zone' THEN
             IF j.schedule_kind = 'cron' THEN j.cron_time_zone := 'UTC'; END IF;
         ELSE
-            RAISE EXCEPTION 'unknown option "%" (accepted: timeout, max_attempts, history, coalesce, batch, time_zone)', r
+            RAISE EXCEPTION 'unknown option "%" (accepted: %)', r, radix._option_names()
                 USING ERRCODE = '22023';
         END CASE;
     END LOOP;
@@ -154,6 +156,8 @@ BEGIN
     j.history_limit := coalesce((opts->>'history_limit')::integer, j.history_limit);
     j.coalesce_ticks := coalesce((opts->>'coalesce_ticks')::boolean, j.coalesce_ticks);
     j.batch_ticks := coalesce((opts->>'batch_ticks')::boolean, j.batch_ticks);
+    j.start_deadline_ns := coalesce((opts->>'start_deadline_ns')::bigint, j.start_deadline_ns);
+    j.jitter_ns := coalesce((opts->>'jitter_ns')::bigint, j.jitter_ns);
     IF opts ? 'time_zone' THEN
         IF j.schedule_kind <> 'cron' THEN
             RAISE EXCEPTION 'option time_zone applies to CRON schedules only' USING ERRCODE = '22023';
@@ -161,6 +165,20 @@ BEGIN
         j.cron_time_zone := opts->>'time_zone';
     END IF;
     RETURN j;
+END $$;
+
+-- An EVERY job's jitter is less than its interval, so that its ticks stay in order (each due before the
+-- next one's planned time).
+CREATE OR REPLACE FUNCTION radix._check_jitter(j radix.jobs) RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+SET jit = off
+AS $$
+BEGIN
+    IF j.jitter_ns >= j.interval_ns THEN
+        RAISE EXCEPTION 'option jitter must be less than the schedule''s interval (EVERY %)',
+            make_interval(secs => j.interval_ns / 1e9) USING ERRCODE = '22023';
+    END IF;
 END $$;
 
 -- A job row with a (normalised) schedule.
@@ -250,7 +268,8 @@ BEGIN
     UPDATE radix.radix_system_job_state SET
         definition_version = j.definition_version, status = new_status,
         anchor_ns = anchor, planned_ns = planned,
-        due_ns = CASE WHEN new_status = 'scheduled' THEN coalesce(planned, now_ns) END,
+        due_ns = CASE WHEN new_status = 'scheduled'
+                      THEN coalesce(planned + radix._jitter_ns(j.job_id, planned, j.jitter_ns), now_ns) END,
         attempt = 0,
         idempotency_key = CASE WHEN done THEN j.job_id::text || '/' || j.at_ns::text END,
         lease_node = NULL, lease_token = NULL, lease_expires_at = NULL,
@@ -264,7 +283,8 @@ BEGIN
         INSERT INTO radix.radix_system_job_state
             (job_id, definition_version, status, anchor_ns, planned_ns, due_ns, attempt)
         VALUES (j.job_id, j.definition_version, new_status, anchor, planned,
-                CASE WHEN new_status = 'scheduled' THEN coalesce(planned, now_ns) END, 0);
+                CASE WHEN new_status = 'scheduled'
+                     THEN coalesce(planned + radix._jitter_ns(j.job_id, planned, j.jitter_ns), now_ns) END, 0);
     END IF;
     PERFORM radix._promote_request(j.job_id);
     PERFORM radix._hint('radix_jobs', j.job_id::text);
@@ -347,15 +367,17 @@ BEGIN
     IF n IS NOT DISTINCT FROM j THEN
         RETURN false;
     END IF;
-    quiet := (n.schema_name, n.job_name, n.history_limit, n.max_attempts, n.batch_ticks) IS DISTINCT FROM
-             (j.schema_name, j.job_name, j.history_limit, j.max_attempts, j.batch_ticks)
+    PERFORM radix._check_jitter(n);
+    quiet := (n.schema_name, n.job_name, n.history_limit, n.max_attempts, n.batch_ticks, n.start_deadline_ns)
+             IS DISTINCT FROM
+             (j.schema_name, j.job_name, j.history_limit, j.max_attempts, j.batch_ticks, j.start_deadline_ns)
          AND (n.principal_oid, n.procedure_oid, n.procedure_signature, n.arguments, n.schedule_kind, n.interval_ns,
               n.starting_at_ns, n.at_ns, n.cron_expression, n.cron_time_zone, n.enabled, n.deadline_ms,
-              n.coalesce_ticks)
+              n.coalesce_ticks, n.jitter_ns)
              IS NOT DISTINCT FROM
              (j.principal_oid, j.procedure_oid, j.procedure_signature, j.arguments, j.schedule_kind, j.interval_ns,
               j.starting_at_ns, j.at_ns, j.cron_expression, j.cron_time_zone, j.enabled, j.deadline_ms,
-              j.coalesce_ticks);
+              j.coalesce_ticks, j.jitter_ns);
     prior_timeout := radix._bound_lock_wait();
     BEGIN
         UPDATE radix.jobs SET schema_name = n.schema_name, job_name = n.job_name,
@@ -365,7 +387,7 @@ BEGIN
             at_ns = n.at_ns, cron_expression = n.cron_expression, cron_time_zone = n.cron_time_zone,
             enabled = n.enabled, deadline_ms = n.deadline_ms, max_attempts = n.max_attempts,
             history_limit = n.history_limit, coalesce_ticks = n.coalesce_ticks, batch_ticks = n.batch_ticks,
-            non_atomic = n.non_atomic,
+            start_deadline_ns = n.start_deadline_ns, jitter_ns = n.jitter_ns, non_atomic = n.non_atomic,
             definition_version = j.definition_version + 1
         WHERE job_id = j.job_id RETURNING * INTO n;
     EXCEPTION WHEN lock_not_available THEN
@@ -436,16 +458,18 @@ BEGIN
     principal := radix._check_principal(caller, caller, run_as);
     bound := radix._check_binding(proc_parts[1], proc_parts[2], binding);
     j := radix._with_options(radix._with_schedule(j, radix._normalise_schedule(schedule)), opts, NULL);
+    PERFORM radix._check_jitter(j);
     INSERT INTO radix.jobs (schema_name, job_name, owner_oid, owner_name, principal_oid, principal_name,
                             procedure_oid, procedure_signature, arguments, schedule_kind, interval_ns,
                             starting_at_ns, at_ns, cron_expression, cron_time_zone, enabled, deadline_ms,
-                            max_attempts, history_limit, coalesce_ticks, batch_ticks)
+                            max_attempts, history_limit, coalesce_ticks, batch_ticks, start_deadline_ns,
+                            jitter_ns)
     VALUES (job_parts[1], job_parts[2], caller, (SELECT rolname FROM pg_roles WHERE oid = caller),
             principal.oid, principal.rolname, (bound->>'procedure_oid')::oid, bound->>'signature',
             bound->'arguments', j.schedule_kind, j.interval_ns, j.starting_at_ns, j.at_ns, j.cron_expression,
             j.cron_time_zone, coalesce(enabled, true), coalesce(j.deadline_ms, 240000),
             coalesce(j.max_attempts, 5), coalesce(j.history_limit, 256), coalesce(j.coalesce_ticks, true),
-            coalesce(j.batch_ticks, false))
+            coalesce(j.batch_ticks, false), j.start_deadline_ns, j.jitter_ns)
     RETURNING * INTO j;
     PERFORM radix._rearm(j, false);
     RETURN j.job_id;
@@ -481,7 +505,7 @@ BEGIN
     IF or_replace AND radix._job_exists(job) THEN
         PERFORM radix._change_job(current_user, job, coalesce(enabled, true), schedule, run_as, procedure,
                                   radix._resolve_call(proc_parts[1], proc_parts[2], args), opts,
-                                  ARRAY['timeout', 'max_attempts', 'history', 'coalesce', 'batch', 'time_zone'], NULL);
+                                  string_to_array(radix._option_names(), ', '), NULL);
         RETURN (SELECT o.job_id FROM radix.job_overview o, radix._split_qualified(job, 'job') AS p(parts)
                 WHERE o.schema_name = p.parts[1] AND o.job_name = p.parts[2]);
     END IF;

@@ -101,7 +101,7 @@ BEGIN
     UPDATE radix.radix_system_job_state s SET
         (status, planned_ns, due_ns, attempt, idempotency_key) =
             (SELECT * FROM radix._advanced(j.schedule_kind, next_planned_ns, true, s.planned_ns, s.attempt,
-                                           s.idempotency_key)),
+                                           s.idempotency_key, s.job_id, j.jitter_ns)),
         lease_node = NULL, lease_token = NULL, lease_expires_at = NULL, last_error = NULL,
         updated_at = clock_timestamp()
     FROM radix.jobs j

@@ -9,16 +9,17 @@ RETURN jsonb_build_object('error', 'PL_JOB_ATTEMPT_FAILED', 'kind', 'lease_lost'
 
 -- The state advance after a tick's attempt ended for good: an AT job, or one with no next tick, ends
 -- (complete when it succeeded, else failed) and keeps its tick, attempt and key; any other is scheduled at its
--- next tick, attempt 0, no key. One row, plain SQL: the planner inlines it into the UPDATE that writes it,
+-- next tick (due at its jitter offset, radix._jitter_ns), attempt 0, no key. One row, plain SQL: the planner
+-- inlines it into the UPDATE that writes it,
 --   SET (status, planned_ns, due_ns, attempt, idempotency_key) = (SELECT * FROM radix._advanced(...)).
 CREATE OR REPLACE FUNCTION radix._advanced(kind text, next_ns bigint, succeeded boolean, tick_ns bigint,
-                                           tick_attempt integer, tick_key text)
+                                           tick_attempt integer, tick_key text, job uuid, jitter_ns bigint)
 RETURNS TABLE (status text, planned_ns bigint, due_ns bigint, attempt integer, idempotency_key text)
 LANGUAGE sql IMMUTABLE ROWS 1
 BEGIN ATOMIC
     SELECT CASE WHEN e.ended THEN CASE WHEN succeeded THEN 'complete' ELSE 'failed' END ELSE 'scheduled' END,
            CASE WHEN e.ended THEN tick_ns ELSE next_ns END,
-           CASE WHEN e.ended THEN NULL ELSE next_ns END,
+           CASE WHEN e.ended THEN NULL ELSE next_ns + radix._jitter_ns(job, next_ns, jitter_ns) END,
            CASE WHEN e.ended THEN tick_attempt ELSE 0 END,
            CASE WHEN e.ended THEN tick_key END
     FROM (SELECT kind = 'at' OR next_ns IS NULL AS ended) e;
@@ -32,11 +33,17 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE
 RETURN CASE WHEN kind = 'every' THEN (run_ns - planned_ns) / interval_ns ELSE 0 END;
 
 -- The tick an EVERY job found late at `now_ns` runs: the newest one due when it coalesces missed ticks, else
--- the oldest of the newest radix.max_missed_ticks() (the ones before it are coalesced).
+-- the oldest of the newest radix.max_missed_ticks() (the ones before it are coalesced). Due: past its jitter
+-- offset (radix._jitter_ns), so the newest tick on the grid counts only once its offset is over.
 CREATE OR REPLACE FUNCTION radix._tick_to_run(planned_ns bigint, now_ns bigint, interval_ns bigint,
-                                              coalesce_ticks boolean) RETURNS bigint
+                                              coalesce_ticks boolean, job uuid, jitter_ns bigint) RETURNS bigint
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 RETURN planned_ns + greatest((now_ns - planned_ns) / interval_ns
+                             - CASE WHEN now_ns - planned_ns >= interval_ns
+                                         AND radix._jitter_ns(job, planned_ns + (now_ns - planned_ns) / interval_ns
+                                                                                * interval_ns, jitter_ns)
+                                             > (now_ns - planned_ns) % interval_ns
+                                    THEN 1 ELSE 0 END
                              - CASE WHEN coalesce_ticks THEN 0 ELSE radix.max_missed_ticks() - 1 END, 0) * interval_ns;
 
 -- The state advance: the job's next tick after an attempt, fenced by its lease token (false: the token no
@@ -49,7 +56,7 @@ SET search_path = pg_catalog, pg_temp
 SET jit = off
 AS $$
 DECLARE
-    kind text := (SELECT schedule_kind FROM radix.jobs WHERE job_id = job);
+    j radix.jobs := (SELECT x FROM radix.jobs x WHERE x.job_id = job);
     s radix.radix_system_job_state;
 BEGIN
     SELECT * INTO s FROM radix.radix_system_job_state
@@ -72,8 +79,8 @@ BEGIN
     ELSE
         UPDATE radix.radix_system_job_state st SET
             (status, planned_ns, due_ns, attempt, idempotency_key) =
-                (SELECT * FROM radix._advanced(kind, next_planned_ns, succeeded, st.planned_ns, st.attempt,
-                                               st.idempotency_key)),
+                (SELECT * FROM radix._advanced(j.schedule_kind, next_planned_ns, succeeded, st.planned_ns,
+                                               st.attempt, st.idempotency_key, job, j.jitter_ns)),
             lease_node = NULL, lease_token = NULL, lease_expires_at = NULL,
             last_error = coalesce(error, CASE WHEN succeeded THEN NULL ELSE last_error END),
             updated_at = clock_timestamp()

@@ -26,7 +26,7 @@ BEGIN
     UPDATE radix.radix_system_job_state s SET
         (status, planned_ns, due_ns, attempt, idempotency_key) =
             (SELECT * FROM radix._advanced(j.schedule_kind, next_planned_ns, true, f.planned_ns, f.attempt,
-                                           f.idempotency_key)),
+                                           f.idempotency_key, job, j.jitter_ns)),
         coalesced_ticks = s.coalesced_ticks
                           + radix._ticks_coalesced(j.schedule_kind, s.planned_ns, f.planned_ns, j.interval_ns),
         last_error = NULL, updated_at = clock_timestamp()

@@ -49,7 +49,8 @@ SELECT j.job_id, quote_ident(j.schema_name) || '.' || quote_ident(j.job_name) AS
                      WHEN 'retry_wait' THEN radix.from_ns(s.due_ns) END AS next_run_at,
        s.attempt, s.due_ns,
        s.idempotency_key, s.lease_node, s.lease_expires_at, s.coalesced_ticks, s.last_error,
-       j.max_attempts, j.history_limit, j.coalesce_ticks, j.batch_ticks, s.request_kind,
+       j.max_attempts, j.history_limit, j.coalesce_ticks, j.batch_ticks, j.start_deadline_ns, j.jitter_ns,
+       s.request_kind,
        (SELECT count(*) FROM radix.job_requests q WHERE q.job_id = j.job_id) AS queued_runs,
        s.anchor_ns
 FROM radix.jobs j LEFT JOIN radix.radix_system_job_state s USING (job_id)
