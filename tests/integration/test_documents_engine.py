@@ -95,3 +95,33 @@ def test_the_cap_per_principal_counts_jobs_and_documents_together(app: App) -> N
     assert sorted(tag for tag, _, _ in spans) == ["doc", "doc", "job", "job"]
     for (_, _, end), (_, start, _) in itertools.pairwise(spans):
         assert end <= start, spans  # one at a time: the principal's cap is 1, whatever the kind
+
+
+BACKLOG_SQL = """
+CREATE PROCEDURE app.busy_job() LANGUAGE plpgsql AS $$
+BEGIN PERFORM pg_sleep(0.1); CALL app.record('job'); END $$;
+CREATE FUNCTION app.busy_doc() RETURNS void LANGUAGE plpgsql AS $$
+BEGIN CALL app.record('doc'); END $$;
+GRANT EXECUTE ON PROCEDURE app.busy_job() TO {p};
+GRANT EXECUTE ON FUNCTION app.busy_doc() TO {p};
+"""
+
+
+def test_a_backlog_of_ticks_does_not_starve_a_due_document(app: App) -> None:
+    """One slot, 30 due ticks: the document that found the slot taken is offered it when it frees, before
+    the ticks (which take it next): it runs second, not after the backlog."""
+    app.conn.execute(BACKLOG_SQL.format(p=app.principal).encode())
+    for n in range(30):
+        app.job(f"CREATE JOB app.busy_{n} SCHEDULE AT TIMESTAMP '2020-01-01' RUN AS {{p}} CALL app.busy_job()")
+    documents.apply(app.conn, [{"dockind": "CRON_TABLE", "status": "CRON_TABLE_ACTIVE", "props": {
+        "NUM": 900, "DB_FUNCTION": "app.busy_doc", "RUN_AS": app.principal, "FIRST_RUN": "2020-01-01T00:00:00",
+        "INTERVAL": "now() + interval '1 day'"}}])
+
+    async def go() -> None:
+        async with Engine(app.dsn, concurrency=1, max_per_principal=0, work=Documents(entry_points=False)) as engine:
+            await engine.run_due()
+
+    asyncio.run(go())
+    tags = [str(row[1]) for row in app.effects()]
+    assert sorted(tags) == ["doc"] + ["job"] * 30
+    assert tags.index("doc") <= 2, tags  # ticks and the document take turns at the one slot

@@ -163,7 +163,7 @@ def docs_revoke_service(opts: Options, service: str, grantee: str) -> None:
               help="Seconds a CSP service may run before its worker is killed.")
 @click.option("--concurrency", default=8, show_default=True, type=click.IntRange(1, 256),
               help="Runs at the same time.")
-@max_per_principal_option("half of --concurrency", "on this node")
+@max_per_principal_option("half of --concurrency")
 @common_options
 def docs_run(opts: Options, once: bool, seconds: float | None, service_pairs: tuple[str, ...],
              node_id: str | None, check_period: float, reload_period: float, service_timeout: float,

@@ -102,6 +102,7 @@ class Dispatcher:
         self._batch_runner = batch_runner
         self._lease_runner = lease_runner
         self._work = work  # attempts of another target kind (engine/work.py): the CRON_TABLE documents
+        self._work_waited = False  # the work was due and found no free slot: it is offered the next ones first
         self.jobs = jobs  # False: the jobs are left to other engines (``radixjobs docs run``)
         self.observer: Observer | None = None  # set by the engine (radixjobs.observe)
         self.stopping = False
@@ -116,14 +117,22 @@ class Dispatcher:
         """Start due work in the free slots; returns how many attempts started. Ticks come from the queue,
         found again when it is empty or stale (one round trip, which also says whether the lease path has
         work); then, when it has, claim_due for the lease path; then the work of the other source when it
-        is due (engine/work.py). Ticks are found again sooner when one due was not queued (_unqueued_due)."""
+        is due (engine/work.py). Ticks are found again sooner when one due was not queued (_unqueued_due).
+        Due work that found no free slot is offered the next free ones before ticks, so a backlog of ticks
+        that takes every slot as it frees cannot starve it (nor it the ticks: they take turns)."""
         self.claim_filled = False
         if self.stopping:
             return 0
-        slots = self._inflight.slots
-        started = await self._dispatch_jobs() if self.jobs else 0
-        if self._work is not None and slots.free > 0 and self._work_due():
-            started += await self._dispatch_work(self._work)
+        slots, work = self._inflight.slots, self._work
+        work_due = work is not None and self._work_due()
+        started, offered = 0, False
+        if work is not None and work_due and self._work_waited and slots.free > 0:
+            started, offered = await self._dispatch_work(work), True
+        if self.jobs:
+            started += await self._dispatch_jobs()
+        if work is not None and work_due and not offered and slots.free > 0:
+            started, offered = started + await self._dispatch_work(work), True
+        self._work_waited = work_due and not offered
         return started
 
     async def _dispatch_jobs(self) -> int:
