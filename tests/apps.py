@@ -5,15 +5,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import psycopg
 from psycopg import sql
+from psycopg.rows import dict_row
 
 from radixjobs import catalog
 from radixjobs.engine import Engine
+from radixjobs.engine.batches import RUN_TICKS_RESULT, BatchItem, batch_query
+from radixjobs.engine.definitions import LOAD_DEFINITIONS, JobDefinition, definition_from_row
+from radixjobs.engine.ticks import FIND_TICKS, Tick
 from radixjobs.sqlscript import split_script
 from tests.support import wait_for
 
@@ -146,3 +151,31 @@ def make_app(db: str, conn: psycopg.Connection[Any], principal: str) -> App:
         else:
             conn.execute(stmt.text.encode())
     return App(db, conn, principal)
+
+
+def found_ticks(app: App, node: str = "n") -> list[Tick]:
+    """The due ticks radix.find_ticks hands out to node ``node`` (registered here), up to 10."""
+    app.conn.execute("SELECT radix.register_node(%s, 'localhost', 0)", (node,))
+    return [Tick.from_row(row, time.monotonic())
+            for row in app.conn.execute(FIND_TICKS.encode(), (node, 10, 0, [], [])).fetchall()]
+
+
+def definitions(app: App, ticks: list[Tick]) -> dict[Any, JobDefinition]:
+    """The jobs' definitions of ``ticks`` as the daemon loads and caches them."""
+    with app.conn.cursor(row_factory=dict_row) as cur:
+        return {row["job_id"]: definition_from_row(row)
+                for row in cur.execute(LOAD_DEFINITIONS.encode(), ([t.job_id for t in ticks],)).fetchall()}
+
+
+def batch_outcomes(app: App, ticks: list[Tick], cached: dict[Any, JobDefinition]) -> dict[Any, tuple[Any, ...]]:
+    """Run ``ticks`` as one batch on a principal's session, with the definitions ``cached``: each job's
+    outcome row (None first: it ran)."""
+    with psycopg.connect(app.dsn, user=app.principal, autocommit=True) as principal:
+        session = principal.execute("SELECT radix.attempt_session()").fetchone()
+        assert session is not None
+        items = [BatchItem(cached[t.job_id], t, None) for t in ticks]
+        with principal.cursor() as cur:
+            cur.execute(batch_query(items, bytes.fromhex(session[0]), "6e"), prepare=False)
+            for _ in range(RUN_TICKS_RESULT):
+                cur.nextset()
+            return {t.job_id: r for t, r in zip(ticks, cur.fetchall(), strict=True)}

@@ -4,17 +4,11 @@ not once it is altered back (the engine's definition, by version; radix.start_ti
 
 from __future__ import annotations
 
-import time
-
 import psycopg
 import pytest
-from psycopg.rows import dict_row
 
 from radixjobs.engine import Engine
-from radixjobs.engine.batches import RUN_TICKS_RESULT, BatchItem, batch_query
-from radixjobs.engine.definitions import LOAD_DEFINITIONS, definition_from_row
-from radixjobs.engine.ticks import FIND_TICKS, Tick
-from tests.apps import App, run_engine
+from tests.apps import App, batch_outcomes, definitions, found_ticks, run_engine
 
 pytestmark = pytest.mark.usefixtures("batchable")  # batches form whatever the machine's load
 
@@ -117,25 +111,13 @@ def test_a_batch_does_not_start_a_tick_whose_job_was_altered_to_batch_off_since_
     _setup(app)
     names = [app.job(f"CREATE JOB app.d{i} SCHEDULE AT TIMESTAMP '2020-01-01' RUN AS {{p}} CALL app.txid('d{i}') "
                      "WITH (batch = on)") for i in range(3)]
-    app.conn.execute("SELECT radix.register_node('n', 'localhost', 0)")
-    found = [Tick.from_row(row, time.monotonic())
-             for row in app.conn.execute(FIND_TICKS.encode(), ("n", 10, 0, [], [])).fetchall()]
-    with app.conn.cursor(row_factory=dict_row) as cur:
-        cached = {row["job_id"]: definition_from_row(row)
-                  for row in cur.execute(LOAD_DEFINITIONS.encode(), ([t.job_id for t in found],)).fetchall()}
+    found = found_ticks(app)
+    cached = definitions(app, found)
     assert len(found) == 3
     assert all(job.batch for job in cached.values())
     altered = app.state(names[1])["job_id"]
     app.job(f"ALTER JOB {names[1]} SET (batch = off)")
-    with psycopg.connect(app.dsn, user=app.principal, autocommit=True) as principal:
-        session = principal.execute("SELECT radix.attempt_session()").fetchone()
-        assert session is not None
-        items = [BatchItem(cached[t.job_id], t, None) for t in found]
-        with principal.cursor() as cur:
-            cur.execute(batch_query(items, bytes.fromhex(session[0]), "6e"), prepare=False)
-            for _ in range(RUN_TICKS_RESULT):
-                cur.nextset()
-            outcomes = {t.job_id: r for t, r in zip(found, cur.fetchall(), strict=True)}
+    outcomes = batch_outcomes(app, found, cached)
     assert outcomes[altered][:2] == ("begin", "RXT03")
     assert all(r[0] is None for job, r in outcomes.items() if job != altered)
     assert sorted(tag for tag, _, _ in _txids(app)) == ["d0", "d2"]

@@ -5,18 +5,14 @@ past, never by waiting."""
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import psycopg
 import pytest
-from psycopg.rows import dict_row
 
 from radixjobs.engine.attempt import attempt_mac
-from radixjobs.engine.batches import RUN_TICKS_RESULT, BatchItem, batch_query
-from radixjobs.engine.definitions import LOAD_DEFINITIONS, definition_from_row
-from radixjobs.engine.ticks import FIND_TICKS, Tick
-from tests.apps import App
+from radixjobs.engine.ticks import Tick
+from tests.apps import App, batch_outcomes, definitions, found_ticks
 
 MINUTE_NS = 60 * 10**9
 FIVE_MIN_NS = 5 * MINUTE_NS
@@ -163,12 +159,6 @@ def test_a_cron_tick_past_its_deadline_is_missed_and_the_next_one_planned(app: A
     assert app.state(name)["planned_ns"] == tick
 
 
-def _found(app: App) -> list[Tick]:
-    app.conn.execute("SELECT radix.register_node('n', 'localhost', 0)")
-    return [Tick.from_row(row, time.monotonic())
-            for row in app.conn.execute(FIND_TICKS.encode(), ("n", 10, 0, [], [])).fetchall()]
-
-
 def _begin(principal: psycopg.Connection[Any], tick: Tick) -> tuple[str | None, str | None]:
     session = principal.execute("SELECT radix.attempt_session()").fetchone()
     assert session is not None
@@ -183,7 +173,7 @@ def test_a_tick_found_in_time_and_started_past_its_deadline_is_refused_then_miss
     """The start itself checks the deadline (radix.start_tick, as begin_tick and a batch's start_ticks do):
     a tick found in time and started late runs nothing, and the next find records it missed."""
     name = app.job("CREATE JOB app.d SCHEDULE AT TIMESTAMP '2020-01-01' RUN AS {p} CALL app.record('d')")
-    (tick,) = _found(app)
+    (tick,) = found_ticks(app)
     # the deadline as it stands when the tick starts (set under the token: the state row is unchanged)
     app.conn.execute("UPDATE radix.jobs SET start_deadline_ns = 1")
     with psycopg.connect(app.dsn, user=app.principal) as principal:
@@ -192,7 +182,7 @@ def test_a_tick_found_in_time_and_started_past_its_deadline_is_refused_then_miss
     assert sqlstate == "RXT01"
     assert "start deadline" in str(message)
     assert app.history(name) == []
-    assert _found(app) == []
+    assert found_ticks(app) == []
     assert [h["status"] for h in app.history(name)] == ["missed"]
 
 
@@ -235,24 +225,14 @@ def test_a_batch_does_not_start_a_tick_past_its_deadline(app: App) -> None:
     the others of the batch run, and the next find records it missed."""
     names = [app.job(f"CREATE JOB app.b{i} SCHEDULE AT TIMESTAMP '2020-01-01' RUN AS {{p}} CALL app.record('b{i}') "
                      "WITH (batch = on)") for i in range(3)]
-    found = _found(app)
-    with app.conn.cursor(row_factory=dict_row) as cur:
-        cached = {row["job_id"]: definition_from_row(row)
-                  for row in cur.execute(LOAD_DEFINITIONS.encode(), ([t.job_id for t in found],)).fetchall()}
+    found = found_ticks(app)
+    cached = definitions(app, found)
     late = app.state(names[1])["job_id"]
     app.conn.execute("UPDATE radix.jobs SET start_deadline_ns = 1 WHERE job_id = %s", (late,))
-    with psycopg.connect(app.dsn, user=app.principal, autocommit=True) as principal:
-        session = principal.execute("SELECT radix.attempt_session()").fetchone()
-        assert session is not None
-        items = [BatchItem(cached[t.job_id], t, None) for t in found]
-        with principal.cursor() as cur:
-            cur.execute(batch_query(items, bytes.fromhex(session[0]), "6e"), prepare=False)
-            for _ in range(RUN_TICKS_RESULT):
-                cur.nextset()
-            outcomes = {t.job_id: r for t, r in zip(found, cur.fetchall(), strict=True)}
+    outcomes = batch_outcomes(app, found, cached)
     assert outcomes[late][:2] == ("begin", "RXT01")
     assert all(r[0] is None for job, r in outcomes.items() if job != late)
     assert sorted(e[1] for e in app.effects()) == ["b0", "b2"]
-    assert _found(app) == []
+    assert found_ticks(app) == []
     assert [h["status"] for h in app.history(names[1])] == ["missed"]
     assert app.state(names[1])["status"] == "failed"
