@@ -132,3 +132,28 @@ def test_a_late_job_runs_its_newest_tick_whose_offset_is_over(app: App) -> None:
     state = app.state(name)
     assert (state["coalesced_ticks"], state["planned_ns"]) == (1, newest)
     assert state["due_ns"] == newest + _offset(app, name, newest)
+
+
+def test_a_late_cron_job_keeps_its_due_tick_until_a_later_one_is_due_whatever_its_offset(app: App) -> None:
+    """Cron planning replaces a due tick only by one that is due whatever its offset (J after it): with a
+    jitter longer than the spacing of the ticks, a job a few ticks late still runs its planned tick."""
+    name = app.job("CREATE JOB app.c SCHEDULE CRON '*/10 * * * * *' RUN AS {p} CALL app.record('c') "
+                   "WITH (jitter = '1 minute')")
+    # a tick 20 to 60 s ago whose offset is over (it is due), with later ticks that are over too (before
+    # their offsets): none of those is due whatever its offset, so the planned one runs
+    row = app.conn.execute(
+        "SELECT c.g, c.g + radix._jitter_ns(j.job_id, c.g, j.jitter_ns) FROM radix.jobs j, "
+        "(SELECT (radix.to_ns(clock_timestamp()) / 10000000000 - i) * 10000000000 AS g "
+        " FROM generate_series(2, 5) AS i) c "
+        "WHERE c.g + radix._jitter_ns(j.job_id, c.g, j.jitter_ns) <= radix.to_ns(clock_timestamp()) "
+        "ORDER BY c.g LIMIT 1").fetchone()
+    if row is None:
+        pytest.skip("no tick of the last minute is due at its offset for this job id")
+    planned, due = int(row[0]), int(row[1])
+    app.conn.execute("UPDATE radix.radix_system_job_state SET planned_ns = %s, anchor_ns = %s, due_ns = %s",
+                     (planned, planned - 10**10, due))
+    app.run()
+    ran = sorted(h["planned_ns"] for h in app.history(name))
+    # the planned tick first, then each following one as it came due at its offset: none coalesced
+    assert ran == [planned + i * 10**10 for i in range(len(ran))]
+    assert app.state(name)["coalesced_ticks"] == 0

@@ -10,6 +10,7 @@ from typing import Any
 import psycopg
 import pytest
 
+from radixjobs import catalog
 from radixjobs.engine.attempt import attempt_mac
 from radixjobs.engine.ticks import Tick
 from tests.apps import App, batch_outcomes, definitions, found_ticks
@@ -199,7 +200,9 @@ def test_interval_options_refuse_bad_values_in_one_line(app: App, option: str) -
         assert "\n" not in str(caught.value)
     # the database's own check, for SQL callers
     for value, message in [('"0 seconds"', "must be at least 1 millisecond"), ("5", "must be an interval string"),
-                           ('"soon"', "invalid interval"), ('"1 mon"', "calendar units")]:
+                           ('"soon"', "invalid interval"), ('"1 mon"', "calendar units"),
+                           # past 100 years a tick's time plus the option would not fit a bigint
+                           ('"100000 days"', "must be at most 100 years")]:
         with pytest.raises(psycopg.Error, match=message) as refused:
             app.conn.execute(f"SELECT radix.alter_job('app.o', options => '{{\"{option}\": {value}}}')")
         assert "\n" not in (refused.value.diag.message_primary or "\n")
@@ -236,3 +239,29 @@ def test_a_batch_does_not_start_a_tick_past_its_deadline(app: App) -> None:
     assert found_ticks(app) == []
     assert [h["status"] for h in app.history(names[1])] == ["missed"]
     assert app.state(names[1])["status"] == "failed"
+
+
+def test_the_sweep_passes_a_job_an_open_alter_holds_and_keeps_its_rearm(app: App) -> None:
+    """A tick past its deadline whose state row an ALTER JOB holds (its transaction open) is neither waited on
+    by the finder's sweep nor recorded over the re-arm: the sweep passes it by; after the ALTER commits the
+    job is at its new tick."""
+    name = app.job("CREATE JOB app.d SCHEDULE EVERY INTERVAL '5 minutes' RUN AS {p} CALL app.record('d') "
+                   "WITH (start_deadline = '1 minute')")
+    _late(app, name, 2 * MINUTE_NS)
+    with psycopg.connect(app.dsn, autocommit=False) as holder:
+        catalog.execute_job_ddl(holder, "ALTER JOB app.d SET SCHEDULE EVERY INTERVAL '7 minutes'")
+        app.conn.execute("SET statement_timeout = '20s'")  # a wait fails the test rather than hang it
+        assert found_ticks(app) == []
+        app.conn.execute("RESET statement_timeout")
+        assert _statuses(app, name) == []
+        holder.commit()
+    state = app.state(name)
+    assert _statuses(app, name) == []
+    assert state["status"] == "scheduled"
+    assert state["planned_ns"] > _now_ns(app)  # the re-arm's tick
+
+
+def _now_ns(app: App) -> int:
+    row = app.conn.execute("SELECT radix.to_ns(clock_timestamp())").fetchone()
+    assert row is not None
+    return int(row[0])

@@ -6,7 +6,8 @@ Invariants:
   version read.
 - A cron tick never runs stale: missed ticks are coalesced to the latest due one (or, with coalesce off, the
   oldest of the ``MAX_MISSED_TICKS`` latest), the skipped ones counted; the walk is bounded
-  (``MAX_COALESCE_STEPS``).
+  (``MAX_COALESCE_STEPS``). Under WITH (jitter = J) a later tick counts as due only from J after it (its
+  offset is below J), so a due tick is never replaced by one that is not.
 - An expression that cannot be evaluated fails its own job (``invalid_schedule``), never the planner.
 """
 
@@ -27,7 +28,7 @@ MAX_MISSED_TICKS = 1_000  # radix.max_missed_ticks(): with coalesce = off, the m
 # Cron jobs are found through the partial index jobs_cron, never by reading every job.
 DUE_CRON = """
 SELECT s.job_id, s.definition_version, s.planned_ns, s.anchor_ns, j.cron_expression, j.cron_time_zone,
-       radix.to_ns(clock_timestamp()) AS now_ns, j.coalesce_ticks
+       radix.to_ns(clock_timestamp()) AS now_ns, j.coalesce_ticks, coalesce(j.jitter_ns, 0)
 FROM radix.jobs j JOIN radix.radix_system_job_state s USING (job_id)
 WHERE j.schedule_kind = 'cron' AND s.status = 'scheduled' AND s.request_kind IS NULL
   AND (s.planned_ns IS NULL OR s.due_ns <= radix.to_ns(clock_timestamp()))
@@ -73,12 +74,13 @@ async def plan_cron(conn: psycopg.AsyncConnection[Any]) -> int:
     skipped_total = 0
     async with conn.transaction():
         cur = await conn.execute(DUE_CRON)
-        for job_id, version, planned, anchor, expression, zone, now_ns, coalesce in await cur.fetchall():
+        for job_id, version, planned, anchor, expression, zone, now_ns, coalesce, jitter in await cur.fetchall():
             try:
                 tick = planned if planned is not None else schedule.next_cron_tick(expression, zone, anchor)
                 status, error = "scheduled", None
                 if tick <= now_ns:
-                    tick, skipped = latest_due_tick(expression, zone, tick, now_ns,
+                    # a later tick replaces the planned one only once it is due whatever its offset
+                    tick, skipped = latest_due_tick(expression, zone, tick, now_ns - jitter,
                                                     1 if coalesce else MAX_MISSED_TICKS)
                     skipped_total += skipped
                 else:

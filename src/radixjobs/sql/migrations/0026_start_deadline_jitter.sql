@@ -2,8 +2,8 @@
 -- 'missed' and skipped (radix._skip_missed). WITH (jitter = '30 seconds'): each tick becomes due at a
 -- deterministic offset in [0, jitter) from its planned time (radix._jitter_ns). NULL: none.
 ALTER TABLE radix.jobs
-    ADD COLUMN start_deadline_ns bigint CHECK (start_deadline_ns > 0),
-    ADD COLUMN jitter_ns bigint CHECK (jitter_ns > 0),
+    ADD COLUMN start_deadline_ns bigint CHECK (start_deadline_ns BETWEEN 1 AND 3155760000000000000),  -- 100 years
+    ADD COLUMN jitter_ns bigint CHECK (jitter_ns BETWEEN 1 AND 3155760000000000000),
     ADD CHECK (jitter_ns IS NULL OR interval_ns IS NULL OR jitter_ns < interval_ns);
 
 -- The jobs with a start deadline, for the finder's sweep of missed ticks (a probe of an empty index while no

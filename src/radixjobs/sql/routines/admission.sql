@@ -530,6 +530,10 @@ BEGIN
     IF extract(month FROM iv) <> 0 OR extract(year FROM iv) <> 0 THEN
         RAISE EXCEPTION 'calendar units (month, year) are not allowed in option %', k USING ERRCODE = '22023';
     END IF;
+    IF iv > interval '36525 days' THEN
+        RAISE EXCEPTION 'option % must be at most 100 years (36525 days), not %', k, quote_literal(v #>> '{}')
+            USING ERRCODE = '22023';
+    END IF;
     IF iv < interval '1 millisecond' THEN
         RAISE EXCEPTION 'option % must be at least 1 millisecond, not %', k, quote_literal(v #>> '{}')
             USING ERRCODE = '22023';

@@ -19,7 +19,7 @@ CREATE OR REPLACE FUNCTION radix._tick_missed(job uuid, tick_ns bigint, jitter_n
                                               now_ns bigint) RETURNS boolean
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 RETURN coalesce(deadline_ns IS NOT NULL
-                AND now_ns > tick_ns + radix._jitter_ns(job, tick_ns, jitter_ns) + deadline_ns, false);
+                AND now_ns - deadline_ns - radix._jitter_ns(job, tick_ns, jitter_ns) > tick_ns, false);
 
 -- Record the missed ticks of `jobs` (the caller holds their tick locks or state rows) at `now_ns`, and
 -- return the jobs that had one. For each scheduled, due tick of a job with a start deadline: the tick it
@@ -75,6 +75,7 @@ BEGIN
                                            false, l.tick_ns, 0, l.job_id::text || '/' || l.tick_ns::text,
                                            l.job_id, l.jitter_ns) a
         WHERE s.job_id = ANY (jobs) AND s.job_id = l.job_id AND s.status = 'scheduled'
+          AND s.request_kind IS NULL AND s.planned_ns = l.old_ns  -- still the state decided on
         RETURNING s.job_id, s.definition_version
     ), recorded AS (
         INSERT INTO radix.radix_system_job_history
@@ -119,9 +120,10 @@ BEGIN
         WHERE j.start_deadline_ns IS NOT NULL
           AND s.status = 'scheduled' AND s.request_kind IS NULL AND NOT s.via_lease AND s.due_ns <= now_ns
           -- necessary for any tick from planned_ns on to be missed
-          AND now_ns > s.planned_ns + j.start_deadline_ns
+          AND now_ns - j.start_deadline_ns > s.planned_ns
         LIMIT 256
-        FOR UPDATE OF t SKIP LOCKED);
+        -- the state row too: one an open ALTER JOB (or a tick being started) holds is passed by, never waited on
+        FOR UPDATE OF t, s SKIP LOCKED);
     IF cardinality(locked) > 0 THEN
         PERFORM radix._skip_missed(node, locked, now_ns);
     END IF;
