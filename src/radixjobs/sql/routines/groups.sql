@@ -78,7 +78,7 @@ BEGIN
     IF name IS NULL THEN
         RETURN NULL;
     END IF;
-    SELECT * INTO g FROM radix.job_groups x WHERE x.group_name = name FOR KEY SHARE;
+    SELECT * INTO g FROM radix.job_groups x WHERE x.group_name = name;  -- (the foreign key holds it)
     IF NOT FOUND THEN
         RAISE EXCEPTION 'job group % does not exist', quote_ident(name) USING ERRCODE = '42704';
     END IF;
