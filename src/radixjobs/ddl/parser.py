@@ -41,7 +41,7 @@ class _Parser(ConstantParser):
             return self.drop_job()
         if first.is_keyword("run") and self.peek().is_keyword("job"):
             return self.run_job()
-        raise self.expected("CREATE JOB, ALTER JOB, DROP JOB, RUN JOB or a JOB GROUP statement")
+        raise self.expected("CREATE JOB, ALTER JOB, DROP JOB or RUN JOB")
 
     def create_job(self) -> model.CreateJob:
         self.advance()
