@@ -106,16 +106,16 @@ def test_group_ddl_and_its_errors(app: App) -> None:
         with pytest.raises(ParseError):
             catalog.execute_job_ddl(app.conn, bad)
     with pytest.raises(AdmissionError, match="max_running must be an integer from 1 to 10000"):
-        app.conn.execute("SELECT 1")  # (the SQL API checks the value again)
-        catalog.create_job_group(app.conn, "y", 0)
+        catalog.create_job_group(app.conn, "y", 0)  # the SQL API checks the value again
     assert _error(app, "ALTER JOB GROUP nosuch SET (max_running = 2)").code == "42704"
     catalog.execute_job_ddl(app.conn, "ALTER JOB GROUP etl SET (max_running = 3)")
     assert [(g["name"], g["max_running"]) for g in catalog.list_job_groups(app.conn)] == [("etl", 3)]
     catalog.execute_job_ddl(app.conn, "ALTER JOB GROUP etl RESET (max_running)")
     assert catalog.list_job_groups(app.conn)[0]["max_running"] == 1
-    err = _error(app, "CREATE JOB app.j SCHEDULE EVERY INTERVAL '1 hour' RUN AS {} CALL app.record('j') "
-                      "WITH (group = 'nosuch')".format(app.principal))
-    assert err.code == "42704" and "nosuch" in str(err)
+    err = _error(app, f"CREATE JOB app.j SCHEDULE EVERY INTERVAL '1 hour' RUN AS {app.principal} CALL app.record('j') "
+                      "WITH (group = 'nosuch')")
+    assert err.code == "42704"
+    assert "nosuch" in str(err)
 
 
 def test_joining_leaving_and_dropping_a_group(app: App) -> None:
@@ -126,7 +126,10 @@ def test_joining_leaving_and_dropping_a_group(app: App) -> None:
     catalog.execute_job_ddl(app.conn, f"ALTER JOB {name} SET (group = 'etl')")
     assert app.state(name)["group_name"] == "etl"
     err = _error(app, "DROP JOB GROUP etl")
-    assert err.code == "2BP01" and "app.j" in str(err) and "app.k" in str(err) and "2 job(s)" in str(err)
+    assert err.code == "2BP01"
+    assert "app.j" in str(err)
+    assert "app.k" in str(err)
+    assert "2 job(s)" in str(err)
     catalog.execute_job_ddl(app.conn, f"ALTER JOB {name} RESET (group)")
     catalog.execute_job_ddl(app.conn, "DROP JOB app.k")
     assert app.state(name)["group_name"] is None
@@ -160,7 +163,8 @@ def test_only_the_group_owners_jobs_join_and_others_do_not_see_it(app: App, role
     with psycopg.connect(app.dsn, user=bob, autocommit=True) as as_bob:
         with pytest.raises(AdmissionError) as denied:
             catalog.execute_job_ddl(as_bob, create.format("b"))
-        assert denied.value.code == "42501" and "permission denied" in str(denied.value)
+        assert denied.value.code == "42501"
+        assert "permission denied" in str(denied.value)
         catalog.execute_job_ddl(as_bob, create.format("b").replace(" WITH (group = 'etl')", ""))
         with pytest.raises(AdmissionError) as denied:
             catalog.execute_job_ddl(as_bob, "ALTER JOB app.b SET (group = 'etl')")

@@ -565,7 +565,8 @@ def test_a_job_in_a_schema_called_group_is_a_job_and_the_group_option() -> None:
     assert stmt.options == (("group", "etl"),)
     assert parse_job_statement("DROP JOB group.x") == DropJob(QualifiedName("group", "x"))
     altered = parse_job_statement("ALTER JOB a.b SET (group = 'Etl'), RESET (timeout)")
-    assert isinstance(altered, AlterJob) and altered.options == (("group", "Etl"),)
+    assert isinstance(altered, AlterJob)
+    assert altered.options == (("group", "Etl"),)
     assert parse_job_statement("ALTER JOB a.b RESET (group)") == AlterJob(QualifiedName("a", "b"), reset=("group",))
 
 
