@@ -13,7 +13,7 @@ import pytest
 
 from radixjobs import catalog
 from radixjobs.errors import AdmissionError, ParseError
-from tests.apps import App, Background
+from tests.apps import App, Background, found_ticks
 from tests.support import wait_for
 
 SPANS_SQL = """
@@ -175,3 +175,30 @@ def test_only_the_group_owners_jobs_join_and_others_do_not_see_it(app: App, role
                 catalog.execute_job_ddl(as_bob, ddl)
             assert hidden.value.code == "42704"
     assert app.state("app.b")["group_name"] is None
+
+
+def _claimed(app: App, node: str, limit: int) -> list[str]:
+    rows = app.conn.execute("SELECT o.name FROM radix.claim_due(%s, %s) c JOIN radix.job_overview o USING (job_id) "
+                            "ORDER BY o.name", (node, limit)).fetchall()
+    return [r[0] for r in rows]
+
+
+def test_a_claim_takes_the_free_places_oldest_due_first_and_a_full_group_is_not_due(app: App) -> None:
+    _spans_table(app)
+    catalog.execute_job_ddl(app.conn, "CREATE JOB GROUP etl WITH (max_running = 2)")
+    names = _grouped_jobs(app, "etl", 4)
+    for age, name in enumerate(names):  # app.g3 came due first, then app.g2, …
+        app.conn.execute("UPDATE radix.radix_system_job_state SET due_ns = radix.to_ns(clock_timestamp()) - %s "
+                         "WHERE job_id = (SELECT job_id FROM radix.job_overview WHERE name = %s)",
+                         ((age + 1) * 10**9, name))
+    assert found_ticks(app) == []  # a grouped job's ticks are claimed, never found
+    app.conn.execute("SELECT radix.register_node('m', 'localhost', 0)")
+    assert _claimed(app, "n", 10) == ["app.g2", "app.g3"]
+    assert _claimed(app, "m", 10) == []
+    due = app.conn.execute("SELECT radix.lease_work_due('n'), radix.next_due_in(0), radix.next_due_in(1)").fetchone()
+    assert due is not None
+    assert due[0] is False
+    assert due[1] > 60  # the group's next place frees when a lease ends, not now
+    assert due[2] is None or due[2] > 60
+    catalog.execute_job_ddl(app.conn, "ALTER JOB GROUP etl SET (max_running = 3)")
+    assert _claimed(app, "m", 10) == ["app.g1"]

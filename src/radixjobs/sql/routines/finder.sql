@@ -150,12 +150,13 @@ BEGIN
     IF first IS NULL OR first > now_ns OR (cap IS NULL AND long_ms IS NULL) THEN
         RETURN (first - now_ns) / 1e9;
     END IF;
-    -- (a principal's first due tick may wait for its group: never sooner than `first`)
+    -- (a principal's first due tick may wait for its group: never sooner than `first`; NULL stays NULL)
     IF long_ms IS NULL THEN
-        RETURN (SELECT (greatest(min(l.first_due_ns), first) - now_ns) / 1e9 FROM radix._principal_load() l
+        RETURN (SELECT (min(l.first_due_ns) + greatest(first - min(l.first_due_ns), 0) - now_ns) / 1e9
+                FROM radix._principal_load() l
                 WHERE l.running < cap);
     END IF;
-    RETURN (SELECT (greatest(min(x.due_ns), first) - now_ns) / 1e9
+    RETURN (SELECT (min(x.due_ns) + greatest(first - min(x.due_ns), 0) - now_ns) / 1e9
             FROM radix._principal_load() l
             CROSS JOIN LATERAL (
                 SELECT w.due_ns

@@ -44,8 +44,9 @@ BEGIN
     RETURN v::integer;
 END $$;
 
--- The group called `name` as `caller` sees it, locked FOR UPDATE when `lock`; raises 42704 when it does
--- not exist or the caller may not see it.
+-- The group called `name` as `caller` sees it, locked FOR UPDATE when `lock` (a bounded wait: a job
+-- joining it in an open transaction holds it KEY SHARE); raises 42704 when it does not exist or the caller
+-- may not see it.
 CREATE OR REPLACE FUNCTION radix._find_group(caller oid, name text, lock boolean) RETURNS radix.job_groups
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
@@ -53,9 +54,17 @@ SET jit = off
 AS $$
 DECLARE
     g radix.job_groups;
+    prior_timeout text;
 BEGIN
     IF lock THEN
-        SELECT * INTO g FROM radix.job_groups x WHERE x.group_name = name FOR UPDATE;
+        prior_timeout := radix._bound_lock_wait();
+        BEGIN
+            SELECT * INTO g FROM radix.job_groups x WHERE x.group_name = name FOR UPDATE;
+        EXCEPTION WHEN lock_not_available THEN
+            RAISE EXCEPTION 'job group % is being changed by another transaction; try again', quote_ident(name)
+                USING ERRCODE = '55P03';
+        END;
+        PERFORM pg_catalog.set_config('lock_timeout', prior_timeout, true);
     ELSE
         SELECT * INTO g FROM radix.job_groups x WHERE x.group_name = name;
     END IF;
