@@ -66,14 +66,16 @@ BEGIN
 END $$;
 
 -- Does state row `s` wait for a place in its group (one of `full_groups`, radix._full_groups)? A running
--- row never does: its claim holds its place (or, expired, is taken over in it).
+-- row never does: its claim holds its place (or, expired, is taken over in it). Plain SQL without a SET
+-- clause, every name qualified: inlined into claim_due's scan, where it costs nothing while no group is full.
 CREATE OR REPLACE FUNCTION radix._waits_for_group(s radix.radix_system_job_state, full_groups bigint[])
 RETURNS boolean
 LANGUAGE sql STABLE
-SET search_path = pg_catalog, pg_temp
-SET jit = off
-RETURN cardinality(full_groups) > 0 AND s.status <> 'running'
-       AND EXISTS (SELECT 1 FROM radix.jobs j WHERE j.job_id = s.job_id AND j.group_id = ANY (full_groups));
+RETURN pg_catalog.cardinality(full_groups) OPERATOR(pg_catalog.>) 0
+       AND s.status OPERATOR(pg_catalog.<>) 'running'
+       AND EXISTS (SELECT 1 FROM radix.jobs j
+                   WHERE j.job_id OPERATOR(pg_catalog.=) s.job_id
+                     AND j.group_id OPERATOR(pg_catalog.=) ANY (full_groups));
 
 CREATE OR REPLACE FUNCTION radix.lease_work_due(node text) RETURNS boolean
 LANGUAGE plpgsql STABLE
