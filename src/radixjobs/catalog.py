@@ -23,10 +23,14 @@ from radixjobs import ddl, schedule
 from radixjobs.errors import AdmissionError
 from radixjobs.model import (
     AlterJob,
+    AlterJobGroup,
     AtSchedule,
     CallArgument,
     CreateJob,
+    CreateJobGroup,
+    DropJobGroup,
     EverySchedule,
+    GroupStatement,
     JobStatement,
     QualifiedName,
     RunJob,
@@ -141,8 +145,46 @@ def drop_job(conn: Conn, name: QualifiedName | str, *, if_exists: bool = False, 
     return bool(_admission(conn, "SELECT radix.drop_job(%s, %s, %s)", (str(name), if_exists, cascade)))
 
 
+def create_job_group(conn: Conn, name: str, max_running: int, *, if_not_exists: bool = False) -> bool:
+    """CREATE JOB GROUP: owned by the current role; False when it existed (with IF NOT EXISTS)."""
+    return bool(_admission(conn, "SELECT radix.create_job_group(%s, %s, %s)",
+                           (name, Jsonb({"max_running": max_running}), if_not_exists)))
+
+
+def alter_job_group(conn: Conn, name: str, max_running: int | None) -> bool:
+    """ALTER JOB GROUP … SET (max_running = N), or RESET (max_running) when ``max_running`` is None."""
+    if max_running is None:
+        return bool(_admission(conn, "SELECT radix.alter_job_group(%s, reset => %s)", (name, ["max_running"])))
+    return bool(_admission(conn, "SELECT radix.alter_job_group(%s, options => %s)",
+                           (name, Jsonb({"max_running": max_running}))))
+
+
+def drop_job_group(conn: Conn, name: str, *, if_exists: bool = False) -> bool:
+    """DROP JOB GROUP (refused while jobs are in it); False when it did not exist (with IF EXISTS)."""
+    return bool(_admission(conn, "SELECT radix.drop_job_group(%s, %s)", (name, if_exists)))
+
+
+def list_job_groups(conn: Conn) -> list[dict[str, Any]]:
+    """The job groups the current role may see, by name, with their jobs and running attempts."""
+    with conn.cursor(row_factory=dict_row) as cur:
+        return cur.execute("SELECT * FROM radix.job_group_overview ORDER BY name").fetchall()
+
+
+def _perform_group(conn: Conn, stmt: GroupStatement) -> str:
+    if isinstance(stmt, CreateJobGroup):
+        create_job_group(conn, stmt.name, stmt.max_running, if_not_exists=stmt.if_not_exists)
+        return "CREATE JOB GROUP"
+    if isinstance(stmt, AlterJobGroup):
+        alter_job_group(conn, stmt.name, stmt.max_running)
+        return "ALTER JOB GROUP"
+    drop_job_group(conn, stmt.name, if_exists=stmt.if_exists)
+    return "DROP JOB GROUP"
+
+
 def perform(conn: Conn, stmt: JobStatement) -> str:
     """Carry out a parsed statement; returns its command tag."""
+    if isinstance(stmt, CreateJobGroup | AlterJobGroup | DropJobGroup):
+        return _perform_group(conn, stmt)
     if isinstance(stmt, CreateJob):
         create_job(conn, stmt)
         return "CREATE JOB"

@@ -153,7 +153,31 @@ class DropJob:
     cascade: bool = False
 
 
-JobStatement = CreateJob | AlterJob | DropJob | RunJob
+@dataclass(frozen=True)
+class CreateJobGroup:
+    """CREATE JOB GROUP [IF NOT EXISTS] name WITH (max_running = N): a group name is one identifier."""
+
+    name: str
+    max_running: int
+    if_not_exists: bool = False
+
+
+@dataclass(frozen=True)
+class AlterJobGroup:
+    """ALTER JOB GROUP name SET (max_running = N), or RESET (max_running) (``max_running`` None)."""
+
+    name: str
+    max_running: int | None
+
+
+@dataclass(frozen=True)
+class DropJobGroup:
+    name: str
+    if_exists: bool = False
+
+
+GroupStatement = CreateJobGroup | AlterJobGroup | DropJobGroup
+JobStatement = CreateJob | AlterJob | DropJob | RunJob | GroupStatement
 
 
 class JobStatus(enum.StrEnum):

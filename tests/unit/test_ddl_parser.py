@@ -11,12 +11,15 @@ from radixjobs.ddl import TokenKind, is_job_statement, parse_job_statement, toke
 from radixjobs.errors import ParseError
 from radixjobs.model import (
     AlterJob,
+    AlterJobGroup,
     AtSchedule,
     CallArgument,
     Constant,
     CreateJob,
+    CreateJobGroup,
     CronSchedule,
     DropJob,
+    DropJobGroup,
     EverySchedule,
     QualifiedName,
     Schedule,
@@ -500,7 +503,7 @@ def test_with_options(suffix: str, timeout_ms: int | None, enabled: bool) -> Non
 
 @pytest.mark.parametrize(("suffix", "fragment", "column"), [
     ("WITH (retries = 3)", 'unknown option "retries" (accepted: timeout, max_attempts, history, coalesce, batch, '
-                           'start_deadline, jitter, time_zone)', 71),
+                           'start_deadline, jitter, group, time_zone)', 71),
     ("WITH (jitter = 30)", "jitter must be an interval string", 80),
     ("WITH (jitter = '0 seconds')", "jitter: interval must be positive", 80),
     ("WITH (start_deadline = '-1 minute')", "start_deadline: interval must be positive", 88),
@@ -542,3 +545,45 @@ def test_interval_options_are_sent_as_microseconds(suffix: str, options: tuple[t
     stmt = parse_job_statement(EVERY + CALL_P + suffix)
     assert isinstance(stmt, CreateJob)
     assert stmt.options == options
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("CREATE JOB GROUP etl WITH (max_running = 2);", CreateJobGroup("etl", 2)),
+    ("create job group if not exists \"ETL\" with (max_running = '10000')", CreateJobGroup("ETL", 10000, True)),
+    ("ALTER JOB GROUP etl SET (max_running = 3)", AlterJobGroup("etl", 3)),
+    ("ALTER JOB GROUP etl RESET (max_running)", AlterJobGroup("etl", None)),
+    ("DROP JOB GROUP etl", DropJobGroup("etl")),
+    ("DROP JOB GROUP IF EXISTS etl;", DropJobGroup("etl", True)),
+])
+def test_job_group_statements(text: str, expected: object) -> None:
+    assert parse_job_statement(text) == expected
+
+
+def test_a_job_in_a_schema_called_group_is_a_job_and_the_group_option() -> None:
+    stmt = parse_job_statement(EVERY + CALL_P.replace("s.p()", "group.p()") + "WITH (group = etl)")
+    assert isinstance(stmt, CreateJob)
+    assert stmt.options == (("group", "etl"),)
+    assert parse_job_statement("DROP JOB group.x") == DropJob(QualifiedName("group", "x"))
+    altered = parse_job_statement("ALTER JOB a.b SET (group = 'Etl'), RESET (timeout)")
+    assert isinstance(altered, AlterJob)
+    assert altered.options == (("group", "Etl"),)
+    assert parse_job_statement("ALTER JOB a.b RESET (group)") == AlterJob(QualifiedName("a", "b"), reset=("group",))
+
+
+@pytest.mark.parametrize(("text", "fragment"), [
+    ("CREATE JOB GROUP etl WITH (max_running = 0)", "max_running must be an integer from 1 to 10000"),
+    ("CREATE JOB GROUP etl WITH (max_running = -1)", "max_running must be an integer from 1 to 10000"),
+    ("CREATE JOB GROUP etl WITH (max_running = 10001)", "max_running must be an integer from 1 to 10000"),
+    ("CREATE JOB GROUP etl", "expected WITH (max_running = N)"),
+    ("CREATE JOB GROUP etl WITH (timeout = 2)", "expected max_running"),
+    ("CREATE JOB GROUP s.etl WITH (max_running = 1)", "cannot be schema-qualified"),
+    ("CREATE JOB GROUP etl WITH (max_running = 1, max_running = 2)", "expected ')'"),
+    ("ALTER JOB GROUP etl RESET (timeout)", "expected max_running"),
+    ("ALTER JOB GROUP etl", "expected SET (max_running = N) or RESET (max_running)"),
+    ("DROP JOB GROUP etl CASCADE", "expected ';' or end of statement"),
+    (EVERY + CALL_P + "WITH (group = 5)", "group must be a job group's name"),
+])
+def test_rejected_job_group_statements(text: str, fragment: str) -> None:
+    with pytest.raises(ParseError) as caught:
+        parse_job_statement(text)
+    assert fragment in caught.value.message

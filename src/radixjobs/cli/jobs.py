@@ -48,10 +48,23 @@ def jobs_show(opts: Options, name: str) -> None:
         ns = job[f"{option}_ns"]
         human[option] = "none" if ns is None else catalog.describe_timeout(ns // 1_000_000)
     human["history"] = human.pop("history_limit")
+    human["group"] = human.pop("group_name") or "none"
     human["time_zone"] = job["cron_time_zone"] if job["schedule_kind"] == "cron" else "(CRON only)"
     emit(opts, job, output.render_mapping(human))
 
 
+@jobs_group.command("groups")
+@common_options
+def jobs_groups(opts: Options) -> None:
+    """The job groups this role may see: max_running, how many jobs are in each and how many run now."""
+    from radixjobs import catalog
+
+    with database(opts) as conn:
+        groups = catalog.list_job_groups(conn)
+    emit(opts, groups, output.render_records(groups, GROUP_COLUMNS))
+
+
+GROUP_COLUMNS = ("name", "owner", "max_running", "jobs", "running")
 MAX_NEXT = 1_000
 LIVE_STATUSES = ("scheduled", "retry_wait", "running")
 

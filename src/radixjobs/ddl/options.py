@@ -12,7 +12,8 @@ from radixjobs.errors import ParseError, ScheduleError
 
 MAX_TIMEOUT_MS = 7 * 86_400_000  # radix.max_timeout_ms()
 OPTION_DEFAULTS = {"timeout": "4 minutes", "max_attempts": "5", "history": "256", "coalesce": "on", "batch": "off",
-                   "start_deadline": "none", "jitter": "none", "time_zone": "UTC (CRON only)"}
+                   "start_deadline": "none", "jitter": "none", "group": "none", "time_zone": "UTC (CRON only)"}
+MAX_GROUP_RUNNING = 10_000  # radix.job_groups.max_running
 JOB_OPTIONS = tuple(OPTION_DEFAULTS)
 _SWITCH = {"on": "on", "true": "on", "yes": "on", "1": "on", "off": "off", "false": "off", "no": "off", "0": "off"}
 
@@ -40,6 +41,10 @@ def check_option(name: Token, value: Token, fail: Callable[[str, Token], ParseEr
         if value.kind not in (TokenKind.NUMBER, TokenKind.STRING) or not text.isdigit() or not 1 <= int(text) <= top:
             raise fail(f"{name.value} must be an integer from 1 to {top}", value)
         return int(text)
+    if name.value == "group":
+        if value.kind not in (TokenKind.STRING, TokenKind.IDENT, TokenKind.QUOTED_IDENT) or not text:
+            raise fail("group must be a job group's name, e.g. group = 'etl'", value)
+        return text
     if name.value in ("coalesce", "batch"):
         if text.lower() not in _SWITCH:
             raise fail(f"{name.value} must be on or off", value)
@@ -52,6 +57,15 @@ def check_option(name: Token, value: Token, fail: Callable[[str, Token], ParseEr
     except ScheduleError as exc:
         raise fail(str(exc), value) from None
     return text
+
+
+def check_max_running(value: Token, fail: Callable[[str, Token], ParseError]) -> int:
+    """A job group's max_running: an integer from 1 to MAX_GROUP_RUNNING."""
+    text = value.value
+    if value.kind not in (TokenKind.NUMBER, TokenKind.STRING) or not text.isdigit() \
+            or not 1 <= int(text) <= MAX_GROUP_RUNNING:
+        raise fail(f"max_running must be an integer from 1 to {MAX_GROUP_RUNNING}", value)
+    return int(text)
 
 
 def _positive_interval(name: str, value: Token, fail: Callable[[str, Token], ParseError]) -> str:

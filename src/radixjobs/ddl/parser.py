@@ -1,5 +1,6 @@
-"""Recursive-descent parser for the job DDL (SPEC §1): CREATE [OR REPLACE] / ALTER / DROP / RUN JOB; raises
-only ParseError. The CALL clause's constants are parsed by :mod:`radixjobs.ddl.constants`."""
+"""Recursive-descent parser for the job DDL (SPEC §1): CREATE [OR REPLACE] / ALTER / DROP / RUN JOB, and
+CREATE / ALTER / DROP JOB GROUP; raises only ParseError.
+The CALL clause's constants are parsed by :mod:`radixjobs.ddl.constants`."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import TypeVar
 from radixjobs import model
 from radixjobs import schedule as sched
 from radixjobs.ddl.constants import ConstantParser
-from radixjobs.ddl.options import JOB_OPTIONS, check_option
+from radixjobs.ddl.options import JOB_OPTIONS, check_max_running, check_option
 from radixjobs.ddl.tokens import Token, TokenKind
 from radixjobs.errors import ScheduleError
 from radixjobs.model import JobStatement, QualifiedName
@@ -29,6 +30,9 @@ class _Parser(ConstantParser):
 
     def statement(self) -> JobStatement:
         first = self.token
+        if first.is_keyword("create", "alter", "drop") and self.peek().is_keyword("job") \
+                and self.peek(2).is_keyword("group") and not self.peek(3).is_punct("."):
+            return self.group_statement()
         if first.is_keyword("create"):
             return self.create_job()
         if first.is_keyword("alter"):
@@ -118,6 +122,53 @@ class _Parser(ConstantParser):
         if self.token.is_punct("("):
             return "options", self.options(None)
         raise self.expected("SCHEDULE, RUN AS, CALL or '(' after SET")
+
+    def group_statement(self) -> model.GroupStatement:
+        """CREATE JOB GROUP [IF NOT EXISTS] name WITH (max_running = N); ALTER JOB GROUP name SET
+        (max_running = N) | RESET (max_running); DROP JOB GROUP [IF EXISTS] name."""
+        verb = self.advance().value
+        self.advance()  # JOB
+        self.advance()  # GROUP
+        if verb == "drop":
+            if_exists = self.if_clause("exists")
+            name = self.group_name()
+            self.finish()
+            return model.DropJobGroup(name, if_exists)
+        if verb == "create":
+            if_not_exists = self.if_clause("not", "exists")
+            name = self.group_name()
+            self.expect("with", "WITH (max_running = N)")
+            cap = self.max_running()
+            self.finish()
+            return model.CreateJobGroup(name, cap, if_not_exists)
+        name = self.group_name()
+        if self.accept("reset"):
+            self.expect_punct("(", "'(' after RESET")
+            self.expect("max_running", "max_running (the only job group option)")
+            self.expect_punct(")", "')' after max_running")
+            self.finish()
+            return model.AlterJobGroup(name, None)
+        self.expect("set", "SET (max_running = N) or RESET (max_running)")
+        cap = self.max_running()
+        self.finish()
+        return model.AlterJobGroup(name, cap)
+
+    def group_name(self) -> str:
+        name = self.identifier("a job group name")
+        if self.token.is_punct("."):
+            raise self.fail("a job group name is one identifier and cannot be schema-qualified", name)
+        return name.value
+
+    def max_running(self) -> int:
+        """``(max_running = N)``, the one job group option."""
+        self.expect_punct("(", "'(' and the job group's options")
+        self.expect("max_running", "max_running (the only job group option)")
+        self.expect_punct("=", "'=' after max_running")
+        value = self.token
+        self.advance()
+        cap = check_max_running(value, self.fail)
+        self.expect_punct(")", "')' after the option (max_running is the only one)")
+        return cap
 
     def run_job(self) -> model.RunJob:
         self.advance()

@@ -65,15 +65,30 @@ BEGIN
     GROUP BY x.p;
 END $$;
 
+-- Does state row `s` wait for a place in its group (one of `full_groups`, radix._full_groups)? A running
+-- row never does: its claim holds its place (or, expired, is taken over in it). Plain SQL without a SET
+-- clause, every name qualified: inlined into claim_due's scan, where it costs nothing while no group is full.
+CREATE OR REPLACE FUNCTION radix._waits_for_group(s radix.radix_system_job_state, full_groups bigint[])
+RETURNS boolean
+LANGUAGE sql STABLE
+RETURN pg_catalog.cardinality(full_groups) OPERATOR(pg_catalog.>) 0
+       AND s.status OPERATOR(pg_catalog.<>) 'running'
+       AND EXISTS (SELECT 1 FROM radix.jobs j
+                   WHERE j.job_id OPERATOR(pg_catalog.=) s.job_id
+                     AND j.group_id OPERATOR(pg_catalog.=) ANY (full_groups));
+
 CREATE OR REPLACE FUNCTION radix.lease_work_due(node text) RETURNS boolean
 LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
 SET jit = off
 AS $$
+DECLARE
+    full_groups bigint[] := radix._full_groups();
 BEGIN
     RETURN coalesce((SELECT min(s.due_ns) FROM radix.radix_system_job_state s
                      WHERE s.status IN ('scheduled', 'running', 'retry_wait')
-                       AND (s.via_lease OR s.request_kind IS NOT NULL OR s.status = 'running'))
+                       AND (s.via_lease OR s.request_kind IS NOT NULL OR s.status = 'running')
+                       AND NOT radix._waits_for_group(s, full_groups))
                     <= radix.to_ns(clock_timestamp()), false)
         OR EXISTS (SELECT 1 FROM radix.radix_system_job_state s
                    WHERE s.status = 'running' AND s.lease_node <> node AND NOT radix.node_alive(s.lease_node));
@@ -113,7 +128,8 @@ BEGIN
 END $$;
 
 -- Seconds until the earliest tick a claim with this cap could take (<= 0: now), or NULL when there is none:
--- a principal at its cap has nothing due until one of its attempts ends. With `long_ms`, only ticks of
+-- a principal at its cap has nothing due until one of its attempts ends, nor has a group with no free place
+-- (radix._full_groups). With `long_ms`, only ticks of
 -- jobs whose timeout is at most that count, looked for among each principal's first 16 live ticks (one
 -- whose first 16 are all long waits for an attempt to end, a notification or the poll). While nothing is
 -- due it is one probe of radix_system_job_state_due.
@@ -125,17 +141,24 @@ AS $$
 DECLARE
     now_ns bigint := radix.to_ns(clock_timestamp());
     cap integer := nullif(greatest(max_per_principal, 0), 0);
-    first bigint := (SELECT min(s.due_ns) FROM radix.radix_system_job_state s
-                     WHERE s.status IN ('scheduled', 'running', 'retry_wait'));
+    full_groups bigint[] := radix._full_groups();
+    first bigint := CASE WHEN cardinality(full_groups) = 0
+                         THEN (SELECT min(s.due_ns) FROM radix.radix_system_job_state s
+                               WHERE s.status IN ('scheduled', 'running', 'retry_wait'))
+                         ELSE (SELECT min(s.due_ns) FROM radix.radix_system_job_state s
+                               WHERE s.status IN ('scheduled', 'running', 'retry_wait')
+                                 AND NOT radix._waits_for_group(s, full_groups)) END;
 BEGIN
     IF first IS NULL OR first > now_ns OR (cap IS NULL AND long_ms IS NULL) THEN
         RETURN (first - now_ns) / 1e9;
     END IF;
+    -- (a principal's first due tick may wait for its group: never sooner than `first`; NULL stays NULL)
     IF long_ms IS NULL THEN
-        RETURN (SELECT (min(l.first_due_ns) - now_ns) / 1e9 FROM radix._principal_load() l
+        RETURN (SELECT (min(l.first_due_ns) + greatest(first - min(l.first_due_ns), 0) - now_ns) / 1e9
+                FROM radix._principal_load() l
                 WHERE l.running < cap);
     END IF;
-    RETURN (SELECT (min(x.due_ns) - now_ns) / 1e9
+    RETURN (SELECT (min(x.due_ns) + greatest(first - min(x.due_ns), 0) - now_ns) / 1e9
             FROM radix._principal_load() l
             CROSS JOIN LATERAL (
                 SELECT w.due_ns
@@ -183,6 +206,7 @@ DECLARE
     share_counts integer[];
     took_ids uuid[];
     took oid[];
+    full_groups bigint[];  -- the job groups with no free place (groups.sql): their due ticks wait
 BEGIN
     -- a table lock, not a row lock: no tuple written, no WAL, so a claim that finds nothing commits nothing
     LOCK TABLE radix.claim_serial IN EXCLUSIVE MODE;
@@ -214,6 +238,7 @@ BEGIN
         END IF;
     END IF;
     budget := max_claims - cardinality(picked);
+    full_groups := radix._full_groups();
     -- min(): an index probe of radix_system_job_state_due whatever the generic plan thinks of due_ns <= now
     IF budget > 0 AND (SELECT min(s.due_ns) FROM radix.radix_system_job_state s
                        WHERE s.status IN ('scheduled', 'retry_wait', 'running')) <= now_ns THEN
@@ -243,6 +268,7 @@ BEGIN
                   -- the daemon runs the one-transaction path's ticks itself (radix.find_ticks)
                   AND (NOT leave_ticks OR s.via_lease OR s.request_kind IS NOT NULL OR s.status = 'running')
                   AND (s.fence_token IS NULL OR NOT radix.node_alive(s.fence_node))
+                  AND NOT radix._waits_for_group(s, full_groups)
                   AND (with_cron OR s.request_kind IS NOT NULL OR NOT EXISTS (
                           SELECT 1 FROM radix.jobs j WHERE j.job_id = s.job_id AND j.schedule_kind = 'cron'))
                   -- no long attempt left to take: the short ones only
@@ -290,6 +316,10 @@ BEGIN
                 FROM leveled l
             )
             SELECT r.id FROM ranked r WHERE NOT r.long OR r.nth <= long_allowed ORDER BY r.i);
+    END IF;
+    -- at most each group's free places (claim_serial held: no other claim counts them meanwhile)
+    IF EXISTS (SELECT 1 FROM radix.jobs j WHERE j.job_id = ANY (picked) AND j.group_id IS NOT NULL) THEN
+        picked := radix._within_group_caps(picked);
     END IF;
     -- a tick past its start deadline is recorded missed, not claimed (its state row is locked above)
     IF EXISTS (SELECT 1 FROM radix.jobs j WHERE j.job_id = ANY (picked) AND j.start_deadline_ns IS NOT NULL) THEN

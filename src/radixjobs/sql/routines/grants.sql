@@ -37,6 +37,18 @@ GRANT EXECUTE ON FUNCTION
     radix.attempt_session()
     TO PUBLIC;
 
+-- groups.sql
+GRANT EXECUTE ON FUNCTION
+    radix._acts_for(oid,oid),
+    radix._group_max_running(jsonb),
+    radix._create_job_group(name,text,jsonb,boolean),
+    radix.create_job_group(text,jsonb,boolean),
+    radix._alter_job_group(name,text,jsonb,text[]),
+    radix.alter_job_group(text,jsonb,text[]),
+    radix._drop_job_group(name,text,boolean),
+    radix.drop_job_group(text,boolean)
+    TO PUBLIC;
+
 -- admission.sql
 GRANT EXECUTE ON FUNCTION
     radix._split_qualified(text,text),
@@ -144,5 +156,5 @@ GRANT EXECUTE ON FUNCTION
     radix._job_exists(text)
     TO PUBLIC;
 
-GRANT SELECT ON radix.job_overview, radix.job_history, radix.document_overview, radix.document_processes,
+GRANT SELECT ON radix.job_overview, radix.job_history, radix.job_group_overview, radix.document_overview, radix.document_processes,
     radix.csp_services, radix.node_overview TO PUBLIC;

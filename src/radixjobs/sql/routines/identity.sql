@@ -25,9 +25,7 @@ SET search_path = pg_catalog, pg_temp
 SET jit = off
 AS $$
 BEGIN
-    IF NOT (coalesce((SELECT rolsuper FROM pg_roles WHERE oid = caller), false)
-            OR (EXISTS (SELECT 1 FROM pg_roles WHERE oid = j.owner_oid)
-                AND pg_has_role(caller, j.owner_oid, 'USAGE'))) THEN
+    IF NOT radix._acts_for(caller, j.owner_oid) THEN
         RAISE EXCEPTION 'must be owner of job %.%', quote_ident(j.schema_name), quote_ident(j.job_name)
             USING ERRCODE = '42501';
     END IF;
@@ -162,7 +160,8 @@ SET search_path = pg_catalog, pg_temp
 SET jit = off
 AS $$
 BEGIN
-    SELECT j.principal_oid, j.non_atomic OR j.schedule_kind = 'cron' INTO NEW.principal_oid, NEW.via_lease
+    SELECT j.principal_oid, j.non_atomic OR j.schedule_kind = 'cron' OR j.group_id IS NOT NULL
+    INTO NEW.principal_oid, NEW.via_lease
     FROM radix.jobs j WHERE j.job_id = NEW.job_id;
     RETURN NEW;
 END $$;

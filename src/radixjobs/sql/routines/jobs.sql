@@ -143,6 +143,7 @@ BEGIN
         WHEN 'batch' THEN j.batch_ticks := false;
         WHEN 'start_deadline' THEN j.start_deadline_ns := NULL;
         WHEN 'jitter' THEN j.jitter_ns := NULL;
+        WHEN 'group' THEN j.group_id := NULL;
         WHEN 'time_zone' THEN
             IF j.schedule_kind = 'cron' THEN j.cron_time_zone := 'UTC'; END IF;
         ELSE
@@ -158,6 +159,9 @@ BEGIN
     j.batch_ticks := coalesce((opts->>'batch_ticks')::boolean, j.batch_ticks);
     j.start_deadline_ns := coalesce((opts->>'start_deadline_ns')::bigint, j.start_deadline_ns);
     j.jitter_ns := coalesce((opts->>'jitter_ns')::bigint, j.jitter_ns);
+    IF opts ? 'group' THEN
+        j.group_id := radix._group_for_job(j.owner_oid, opts->>'group');
+    END IF;
     IF opts ? 'time_zone' THEN
         IF j.schedule_kind <> 'cron' THEN
             RAISE EXCEPTION 'option time_zone applies to CRON schedules only' USING ERRCODE = '22023';
@@ -368,9 +372,11 @@ BEGIN
         RETURN false;
     END IF;
     PERFORM radix._check_jitter(n);
-    quiet := (n.schema_name, n.job_name, n.history_limit, n.max_attempts, n.batch_ticks, n.start_deadline_ns)
+    quiet := (n.schema_name, n.job_name, n.history_limit, n.max_attempts, n.batch_ticks, n.start_deadline_ns,
+              n.group_id)
              IS DISTINCT FROM
-             (j.schema_name, j.job_name, j.history_limit, j.max_attempts, j.batch_ticks, j.start_deadline_ns)
+             (j.schema_name, j.job_name, j.history_limit, j.max_attempts, j.batch_ticks, j.start_deadline_ns,
+              j.group_id)
          AND (n.principal_oid, n.procedure_oid, n.procedure_signature, n.arguments, n.schedule_kind, n.interval_ns,
               n.starting_at_ns, n.at_ns, n.cron_expression, n.cron_time_zone, n.enabled, n.deadline_ms,
               n.coalesce_ticks, n.jitter_ns)
@@ -388,7 +394,7 @@ BEGIN
             enabled = n.enabled, deadline_ms = n.deadline_ms, max_attempts = n.max_attempts,
             history_limit = n.history_limit, coalesce_ticks = n.coalesce_ticks, batch_ticks = n.batch_ticks,
             start_deadline_ns = n.start_deadline_ns, jitter_ns = n.jitter_ns, non_atomic = n.non_atomic,
-            definition_version = j.definition_version + 1
+            group_id = n.group_id, definition_version = j.definition_version + 1
         WHERE job_id = j.job_id RETURNING * INTO n;
     EXCEPTION WHEN lock_not_available THEN
         -- a new name changes a key column: that waits for a running atomic attempt (its KEY SHARE lock)
@@ -457,19 +463,20 @@ BEGIN
     END IF;
     principal := radix._check_principal(caller, caller, run_as);
     bound := radix._check_binding(proc_parts[1], proc_parts[2], binding);
+    j.owner_oid := caller;  -- the owner a group joined is checked against
     j := radix._with_options(radix._with_schedule(j, radix._normalise_schedule(schedule)), opts, NULL);
     PERFORM radix._check_jitter(j);
     INSERT INTO radix.jobs (schema_name, job_name, owner_oid, owner_name, principal_oid, principal_name,
                             procedure_oid, procedure_signature, arguments, schedule_kind, interval_ns,
                             starting_at_ns, at_ns, cron_expression, cron_time_zone, enabled, deadline_ms,
                             max_attempts, history_limit, coalesce_ticks, batch_ticks, start_deadline_ns,
-                            jitter_ns)
+                            jitter_ns, group_id)
     VALUES (job_parts[1], job_parts[2], caller, (SELECT rolname FROM pg_roles WHERE oid = caller),
             principal.oid, principal.rolname, (bound->>'procedure_oid')::oid, bound->>'signature',
             bound->'arguments', j.schedule_kind, j.interval_ns, j.starting_at_ns, j.at_ns, j.cron_expression,
             j.cron_time_zone, coalesce(enabled, true), coalesce(j.deadline_ms, 240000),
             coalesce(j.max_attempts, 5), coalesce(j.history_limit, 256), coalesce(j.coalesce_ticks, true),
-            coalesce(j.batch_ticks, false), j.start_deadline_ns, j.jitter_ns)
+            coalesce(j.batch_ticks, false), j.start_deadline_ns, j.jitter_ns, j.group_id)
     RETURNING * INTO j;
     PERFORM radix._rearm(j, false);
     RETURN j.job_id;
@@ -552,10 +559,13 @@ SET search_path = pg_catalog, pg_temp
 SET jit = off
 AS $$
 BEGIN
-    UPDATE radix.radix_system_job_state SET via_lease = NEW.non_atomic OR NEW.schedule_kind = 'cron'
-    WHERE job_id = NEW.job_id AND via_lease IS DISTINCT FROM (NEW.non_atomic OR NEW.schedule_kind = 'cron');
+    -- a job in a group runs on the lease path, where radix.claim_due holds its group's cap (groups.sql)
+    UPDATE radix.radix_system_job_state
+    SET via_lease = NEW.non_atomic OR NEW.schedule_kind = 'cron' OR NEW.group_id IS NOT NULL
+    WHERE job_id = NEW.job_id
+      AND via_lease IS DISTINCT FROM (NEW.non_atomic OR NEW.schedule_kind = 'cron' OR NEW.group_id IS NOT NULL);
     RETURN NULL;
 END $$;
 
-CREATE OR REPLACE TRIGGER job_path_changed AFTER UPDATE OF non_atomic, schedule_kind ON radix.jobs
+CREATE OR REPLACE TRIGGER job_path_changed AFTER UPDATE OF non_atomic, schedule_kind, group_id ON radix.jobs
     FOR EACH ROW EXECUTE FUNCTION radix._job_path_changed();

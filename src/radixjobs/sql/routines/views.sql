@@ -52,7 +52,8 @@ SELECT j.job_id, quote_ident(j.schema_name) || '.' || quote_ident(j.job_name) AS
        j.max_attempts, j.history_limit, j.coalesce_ticks, j.batch_ticks, j.start_deadline_ns, j.jitter_ns,
        s.request_kind,
        (SELECT count(*) FROM radix.job_requests q WHERE q.job_id = j.job_id) AS queued_runs,
-       s.anchor_ns
+       s.anchor_ns,
+       (SELECT g.group_name FROM radix.job_groups g WHERE g.group_id = j.group_id) AS group_name
 FROM radix.jobs j LEFT JOIN radix.radix_system_job_state s USING (job_id)
 WHERE radix._owner_visible(j.owner_oid);
 
