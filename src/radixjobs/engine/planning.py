@@ -44,12 +44,12 @@ EXISTS (SELECT 1 FROM radix.jobs j JOIN radix.radix_system_job_state s USING (jo
 
 # The tick is due at its jitter offset (radix._jitter_ns), as every tick the database plans.
 STORE_PLAN = """
-UPDATE radix.radix_system_job_state s SET planned_ns = %(tick)s,
-       due_ns = %(due)s + radix._jitter_ns(s.job_id, %(tick)s, (SELECT j.jitter_ns FROM radix.jobs j
-                                                                 WHERE j.job_id = s.job_id)),
-       coalesced_ticks = s.coalesced_ticks + %(skipped)s, status = %(status)s, last_error = %(error)s,
-       updated_at = clock_timestamp()
-WHERE s.job_id = %(job)s AND s.definition_version = %(version)s AND s.status = 'scheduled'
+UPDATE radix.radix_system_job_state s SET planned_ns = %(tick)s::bigint,
+       due_ns = %(due)s::bigint + radix._jitter_ns(s.job_id, %(tick)s::bigint,
+                                                    (SELECT j.jitter_ns FROM radix.jobs j WHERE j.job_id = s.job_id)),
+       coalesced_ticks = s.coalesced_ticks + %(skipped)s::bigint, status = %(status)s::text,
+       last_error = %(error)s::jsonb, updated_at = clock_timestamp()
+WHERE s.job_id = %(job)s::uuid AND s.definition_version = %(version)s::bigint AND s.status = 'scheduled'
 """
 
 

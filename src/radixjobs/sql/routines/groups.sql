@@ -144,9 +144,6 @@ DECLARE
     g radix.job_groups := radix._find_group(caller, name, true);
     cap integer;
 BEGIN
-    IF NOT radix._acts_for(caller, g.owner_oid) THEN
-        RAISE EXCEPTION 'must be owner of job group %', quote_ident(name) USING ERRCODE = '42501';
-    END IF;
     IF reset IS NOT NULL AND (cardinality(reset) <> 1 OR reset[1] <> 'max_running') THEN
         RAISE EXCEPTION 'unknown job group option "%" (accepted: max_running)',
             (SELECT r FROM unnest(reset) r WHERE r <> 'max_running' LIMIT 1) USING ERRCODE = '22023';
@@ -180,9 +177,6 @@ BEGIN
         RETURN false;
     END IF;
     g := radix._find_group(caller, name, true);
-    IF NOT radix._acts_for(caller, g.owner_oid) THEN
-        RAISE EXCEPTION 'must be owner of job group %', quote_ident(name) USING ERRCODE = '42501';
-    END IF;
     n := (SELECT count(*) FROM radix.jobs j WHERE j.group_id = g.group_id);
     IF n > 0 THEN
         members := (SELECT string_agg(m.q, ', ' ORDER BY m.q) FROM (
