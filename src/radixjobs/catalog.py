@@ -23,6 +23,7 @@ from radixjobs import ddl, schedule
 from radixjobs.errors import AdmissionError
 from radixjobs.model import (
     AlterJob,
+    AfterSchedule,
     AlterJobGroup,
     AtSchedule,
     CallArgument,
@@ -50,6 +51,8 @@ def schedule_json(schedule: Schedule) -> dict[str, Any]:
         return out
     if isinstance(schedule, AtSchedule):
         return {"at_ns": schedule.at_ns}
+    if isinstance(schedule, AfterSchedule):
+        return {"after": [{"job": str(edge.job), "on": edge.on} for edge in schedule.upstreams]}
     return {"cron": schedule.expression, "time_zone": schedule.time_zone}
 
 

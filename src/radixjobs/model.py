@@ -57,7 +57,27 @@ class CronSchedule:
     kind: Literal["cron"] = "cron"
 
 
-Schedule = EverySchedule | AtSchedule | CronSchedule
+Condition = Literal["succeeds", "fails", "completes"]
+
+
+@dataclass(frozen=True)
+class Upstream:
+    """One edge of an AFTER schedule: the upstream job and how its tick must end."""
+
+    job: QualifiedName
+    on: Condition = "succeeds"
+
+
+@dataclass(frozen=True)
+class AfterSchedule:
+    """No clock of its own: one tick per upstream tick that ended as named (every upstream's, with AND), with
+    that tick's planned time. The upstreams are stored as edges (radix.job_edges); the engine needs none."""
+
+    upstreams: tuple[Upstream, ...] = ()
+    kind: Literal["after"] = "after"
+
+
+Schedule = EverySchedule | AtSchedule | CronSchedule | AfterSchedule
 
 
 ConstantKind = Literal["integer", "numeric", "string", "boolean", "null", "typed", "array"]

@@ -18,7 +18,7 @@ from croniter import CroniterBadDateError, CroniterError, croniter
 
 from radixjobs import wallclock
 from radixjobs.errors import ScheduleError
-from radixjobs.model import AtSchedule, CronSchedule, EverySchedule, Schedule
+from radixjobs.model import AfterSchedule, AtSchedule, CronSchedule, EverySchedule, Schedule
 
 NS_PER_SECOND = 1_000_000_000
 NS_PER_DAY = 86_400 * NS_PER_SECOND
@@ -362,6 +362,8 @@ def initial_planned(schedule: Schedule, enabled_at_ns: int) -> int:
     """
     if isinstance(schedule, AtSchedule):
         return schedule.at_ns
+    if isinstance(schedule, AfterSchedule):
+        raise ScheduleError("an AFTER schedule has no ticks of its own: its upstreams' ticks queue them")
     return _next_tick(schedule, enabled_at_ns, enabled_at_ns)
 
 
@@ -370,10 +372,12 @@ def next_planned_after(schedule: Schedule, anchor_ns: int, after_ns: int) -> int
 
     EVERY ticks on its grid: STARTING AT + k*interval (k >= 0) if set, else ``anchor_ns`` (the time the
     job was armed) + k*interval with k >= 1; AT has one tick, returned only while it is still after
-    ``after_ns``; CRON gives its next tick.
+    ``after_ns``; CRON gives its next tick; AFTER has no ticks of its own (its upstreams' ends queue them).
     """
     if isinstance(schedule, AtSchedule):
         return schedule.at_ns if schedule.at_ns > after_ns else None
+    if isinstance(schedule, AfterSchedule):
+        return None
     return _next_tick(schedule, anchor_ns, after_ns)
 
 

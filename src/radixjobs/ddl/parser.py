@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import TypeVar
+from typing import TypeVar, cast
 
 from radixjobs import model
 from radixjobs import schedule as sched
@@ -318,7 +318,22 @@ class _Parser(ConstantParser):
                 self.convert(sched.load_time_zone, zone_token)
             self.convert(lambda text: sched.validate_cron(text, zone), expression)
             return model.CronSchedule(expression.value, zone), zone_given
-        raise self.expected("EVERY, AT or CRON after SCHEDULE")
+        if self.accept("after"):
+            return model.AfterSchedule(self.upstreams()), False
+        raise self.expected("EVERY, AT, CRON or AFTER after SCHEDULE")
+
+    def upstreams(self) -> tuple[model.Upstream, ...]:
+        """``name [SUCCEEDS | FAILS | COMPLETES] [AND name …]`` after SCHEDULE AFTER."""
+        edges: list[model.Upstream] = []
+        while True:
+            first = self.token
+            job = self.qualified_name("an upstream job", "SCHEDULE AFTER schema.job")
+            if any(edge.job == job for edge in edges):
+                raise self.fail(f"upstream {job} is named twice", first)
+            condition = self.accept("succeeds", "fails", "completes")
+            edges.append(model.Upstream(job, cast(model.Condition, condition.value if condition else "succeeds")))
+            if not self.accept("and"):
+                return tuple(edges)
 
     def timestamp(self) -> int:
         self.expect("timestamp", "TIMESTAMP")

@@ -24,7 +24,7 @@ from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
 from radixjobs import schedule
-from radixjobs.model import AtSchedule, CronSchedule, EverySchedule, Schedule
+from radixjobs.model import AfterSchedule, AtSchedule, CronSchedule, EverySchedule, Schedule
 
 # What a cached definition costs beyond its texts (the objects, the schedule, the cache's own entry).
 DEFINITION_OVERHEAD_BYTES = 1024
@@ -89,7 +89,7 @@ class JobDefinition:
 
     def next_planned_after(self, planned_ns: int, anchor_ns: int) -> int | None:
         """The tick after ``planned_ns`` (None: no further tick, e.g. a one-time job)."""
-        if isinstance(self.schedule, AtSchedule):
+        if isinstance(self.schedule, AtSchedule | AfterSchedule):
             return None
         return schedule.next_planned_after(self.schedule, anchor_ns, planned_ns)
 
@@ -106,6 +106,8 @@ def schedule_of(row: dict[str, Any]) -> Schedule:
         return EverySchedule(int(row["interval_ns"]), row["starting_at_ns"])
     if row["schedule_kind"] == "at":
         return AtSchedule(int(row["at_ns"]))
+    if row["schedule_kind"] == "after":
+        return AfterSchedule()
     return CronSchedule(str(row["cron_expression"]), str(row["cron_time_zone"]))
 
 

@@ -344,8 +344,8 @@ BEGIN
     RETURN pg_catalog.round(ms)::integer;
 END $$;
 
--- The schedule as stored: EVERY (an interval of one second or more, with an optional STARTING AT), AT, or
--- CRON with its time zone; anything else is refused.
+-- The schedule as stored: EVERY (an interval of one second or more, with an optional STARTING AT), AT,
+-- CRON with its time zone, or AFTER its upstream jobs (dependencies.sql); anything else is refused.
 CREATE OR REPLACE FUNCTION radix._normalise_schedule(s jsonb) RETURNS jsonb
 LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
@@ -398,8 +398,10 @@ BEGIN
         END IF;
         out := jsonb_build_object('kind', 'cron', 'cron_expression', btrim(s->>'cron'),
                                   'cron_time_zone', coalesce(s->>'time_zone', 'UTC'));
+    ELSIF s ? 'after' THEN
+        out := jsonb_build_object('kind', 'after', 'after', radix._normalise_after(s->'after'));
     ELSE
-        RAISE EXCEPTION 'schedule must have one of every, at or cron' USING ERRCODE = '22023';
+        RAISE EXCEPTION 'schedule must have one of every, at, cron or after' USING ERRCODE = '22023';
     END IF;
     RETURN out;
 EXCEPTION

@@ -160,7 +160,7 @@ SET search_path = pg_catalog, pg_temp
 SET jit = off
 AS $$
 BEGIN
-    SELECT j.principal_oid, j.non_atomic OR j.schedule_kind = 'cron' OR j.group_id IS NOT NULL
+    SELECT j.principal_oid, radix._takes_lease(j)
     INTO NEW.principal_oid, NEW.via_lease
     FROM radix.jobs j WHERE j.job_id = NEW.job_id;
     RETURN NEW;

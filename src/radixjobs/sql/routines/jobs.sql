@@ -90,7 +90,10 @@ DECLARE
     prior_timeout text := radix._bound_lock_wait();
     caller oid := radix._caller(creator);
     j radix.jobs;
+    k radix.jobs;
     s radix.radix_system_job_state;
+    dropped uuid[];
+    uphill uuid[];
 BEGIN
     BEGIN
         j := radix._find_job(job);
@@ -120,8 +123,34 @@ BEGIN
             quote_ident(j.job_name) USING ERRCODE = '55006',
             HINT = 'Wait for it to finish, or use DROP JOB ... CASCADE.';
     END IF;
-    DELETE FROM radix.jobs WHERE job_id = j.job_id;
-    PERFORM radix._hint('radix_jobs', j.job_id::text);
+    -- the jobs that run after it: RESTRICT refuses, CASCADE drops them (whoever owns them, as PostgreSQL's
+    -- DROP … CASCADE drops the views on a table); the edges' lock is the one admission takes (dependencies.sql)
+    prior_timeout := radix._bound_lock_wait();
+    BEGIN
+        LOCK TABLE radix.job_edges IN SHARE ROW EXCLUSIVE MODE;
+    EXCEPTION WHEN lock_not_available THEN
+        RAISE EXCEPTION 'job dependencies are being changed by another transaction; try again'
+            USING ERRCODE = '55P03';
+    END;
+    PERFORM pg_catalog.set_config('lock_timeout', prior_timeout, true);
+    dropped := ARRAY(SELECT d.job_id FROM radix._downstream_of(j.job_id) d);
+    IF cardinality(dropped) > 0 AND NOT cascade THEN
+        RAISE EXCEPTION 'cannot drop job %.% because other jobs run after it', quote_ident(j.schema_name),
+            quote_ident(j.job_name) USING ERRCODE = '2BP01',
+            DETAIL = format('Jobs that run after it: %s.',
+                            (SELECT string_agg(radix._job_name_for(caller, x), ', ' ORDER BY x.schema_name, x.job_name)
+                             FROM radix.jobs x WHERE x.job_id = ANY (dropped))),
+            HINT = 'Use DROP JOB ... CASCADE to drop them too.';
+    END IF;
+    FOR k IN SELECT x.* FROM radix.jobs x WHERE x.job_id = ANY (dropped) ORDER BY x.schema_name, x.job_name LOOP
+        RAISE NOTICE 'drop cascades to %', radix._job_name_for(caller, k);
+    END LOOP;
+    dropped := dropped || j.job_id;
+    uphill := ARRAY(SELECT e.upstream_id FROM radix.job_edges e WHERE e.job_id = ANY (dropped));
+    DELETE FROM radix.job_edges e WHERE e.job_id = ANY (dropped);  -- before the jobs: the key checks in order
+    DELETE FROM radix.jobs WHERE job_id = ANY (dropped);
+    PERFORM radix._path_changed(u) FROM radix.jobs u WHERE u.job_id = ANY (uphill);
+    PERFORM radix._hint('radix_jobs', d::text) FROM unnest(dropped) d;
     RETURN true;
 END $$;
 
@@ -225,7 +254,8 @@ BEGIN
     RETURN j;
 END $$;
 
--- (Re)arm a job's state from its row (a new definition version): the next tick from its schedule.
+-- (Re)arm a job's state from its row (a new definition version): the next tick from its schedule (an AFTER
+-- job has none: it is scheduled with no due time, and runs the ticks its upstreams queue).
 -- `keep_anchor` keeps an EVERY job's grid anchor (ALTER ... SET, CREATE OR
 -- REPLACE) unless STARTING AT gives one; a completed one-time job stays complete only for the same AT
 -- time; DISABLE drops the queued requests, any other re-arm puts a request in flight back in the queue.
@@ -272,7 +302,7 @@ BEGIN
     UPDATE radix.radix_system_job_state SET
         definition_version = j.definition_version, status = new_status,
         anchor_ns = anchor, planned_ns = planned,
-        due_ns = CASE WHEN new_status = 'scheduled'
+        due_ns = CASE WHEN new_status = 'scheduled' AND j.schedule_kind <> 'after'
                       THEN coalesce(planned + radix._jitter_ns(j.job_id, planned, j.jitter_ns), now_ns) END,
         attempt = 0,
         idempotency_key = CASE WHEN done THEN j.job_id::text || '/' || j.at_ns::text END,
@@ -287,7 +317,7 @@ BEGIN
         INSERT INTO radix.radix_system_job_state
             (job_id, definition_version, status, anchor_ns, planned_ns, due_ns, attempt)
         VALUES (j.job_id, j.definition_version, new_status, anchor, planned,
-                CASE WHEN new_status = 'scheduled'
+                CASE WHEN new_status = 'scheduled' AND j.schedule_kind <> 'after'
                      THEN coalesce(planned + radix._jitter_ns(j.job_id, planned, j.jitter_ns), now_ns) END, 0);
     END IF;
     PERFORM radix._promote_request(j.job_id);
@@ -307,8 +337,8 @@ END;
 -- side, checked against the catalog; a new name: CREATE on its schema). Options: `reset` names go back to
 -- their defaults, then the schedule is set, then `opts` (normalised) apply. Returns false when nothing
 -- changed; otherwise definition_version is bumped, and the state re-armed unless only the name, history,
--- max_attempts or batch changed (a tick found before such a change still runs; radix.start_ticks reads batch
--- again when it starts a batch).
+-- max_attempts, batch, start deadline, group or upstreams changed (a tick found before such a change still
+-- runs; radix.start_ticks reads batch again when it starts a batch).
 CREATE OR REPLACE FUNCTION radix._change_job(creator name, job text, enabled boolean, schedule jsonb, run_as text,
                                   procedure text, binding jsonb, opts jsonb, reset text[], rename_to text)
 RETURNS boolean
@@ -324,6 +354,8 @@ DECLARE
     parts text[];
     principal pg_roles;
     bound jsonb;
+    sched jsonb;
+    edges_changed boolean := false;
     quiet boolean;
 BEGIN
     n := radix._with_options(j, NULL, reset);
@@ -349,7 +381,9 @@ BEGIN
         IF schedule ? 'time_zone' AND opts ? 'time_zone' THEN
             RAISE EXCEPTION 'the time zone is given twice (TIME ZONE and time_zone)' USING ERRCODE = '22023';
         END IF;
-        n := radix._with_schedule(n, radix._normalise_schedule(schedule));
+        sched := radix._normalise_schedule(schedule);
+        n := radix._with_schedule(n, sched);
+        edges_changed := radix._set_edges(n, sched->'after', caller);
     END IF;
     n := radix._with_options(n, opts, NULL);
     IF run_as IS NOT NULL THEN
@@ -368,15 +402,16 @@ BEGIN
     IF enabled IS NOT NULL THEN
         n.enabled := enabled;
     END IF;
-    IF n IS NOT DISTINCT FROM j THEN
+    IF n IS NOT DISTINCT FROM j AND NOT edges_changed THEN
         RETURN false;
     END IF;
     PERFORM radix._check_jitter(n);
-    quiet := (n.schema_name, n.job_name, n.history_limit, n.max_attempts, n.batch_ticks, n.start_deadline_ns,
-              n.group_id)
-             IS DISTINCT FROM
-             (j.schema_name, j.job_name, j.history_limit, j.max_attempts, j.batch_ticks, j.start_deadline_ns,
-              j.group_id)
+    quiet := (edges_changed
+              OR (n.schema_name, n.job_name, n.history_limit, n.max_attempts, n.batch_ticks, n.start_deadline_ns,
+                  n.group_id)
+                 IS DISTINCT FROM
+                 (j.schema_name, j.job_name, j.history_limit, j.max_attempts, j.batch_ticks, j.start_deadline_ns,
+                  j.group_id))
          AND (n.principal_oid, n.procedure_oid, n.procedure_signature, n.arguments, n.schedule_kind, n.interval_ns,
               n.starting_at_ns, n.at_ns, n.cron_expression, n.cron_time_zone, n.enabled, n.deadline_ms,
               n.coalesce_ticks, n.jitter_ns)
@@ -453,6 +488,7 @@ DECLARE
     existing uuid := radix._check_admission(caller, job_parts, run_as, if_not_exists);
     principal pg_roles;
     bound jsonb;
+    sched jsonb;
     j radix.jobs;
 BEGIN
     IF existing IS NOT NULL THEN
@@ -464,7 +500,8 @@ BEGIN
     principal := radix._check_principal(caller, caller, run_as);
     bound := radix._check_binding(proc_parts[1], proc_parts[2], binding);
     j.owner_oid := caller;  -- the owner a group joined is checked against
-    j := radix._with_options(radix._with_schedule(j, radix._normalise_schedule(schedule)), opts, NULL);
+    sched := radix._normalise_schedule(schedule);
+    j := radix._with_options(radix._with_schedule(j, sched), opts, NULL);
     PERFORM radix._check_jitter(j);
     INSERT INTO radix.jobs (schema_name, job_name, owner_oid, owner_name, principal_oid, principal_name,
                             procedure_oid, procedure_signature, arguments, schedule_kind, interval_ns,
@@ -478,6 +515,7 @@ BEGIN
             coalesce(j.max_attempts, 5), coalesce(j.history_limit, 256), coalesce(j.coalesce_ticks, true),
             coalesce(j.batch_ticks, false), j.start_deadline_ns, j.jitter_ns, j.group_id)
     RETURNING * INTO j;
+    PERFORM radix._set_edges(j, sched->'after', caller);
     PERFORM radix._rearm(j, false);
     RETURN j.job_id;
 END $$;
@@ -559,11 +597,7 @@ SET search_path = pg_catalog, pg_temp
 SET jit = off
 AS $$
 BEGIN
-    -- a job in a group runs on the lease path, where radix.claim_due holds its group's cap (groups.sql)
-    UPDATE radix.radix_system_job_state
-    SET via_lease = NEW.non_atomic OR NEW.schedule_kind = 'cron' OR NEW.group_id IS NOT NULL
-    WHERE job_id = NEW.job_id
-      AND via_lease IS DISTINCT FROM (NEW.non_atomic OR NEW.schedule_kind = 'cron' OR NEW.group_id IS NOT NULL);
+    PERFORM radix._path_changed(NEW);
     RETURN NULL;
 END $$;
 

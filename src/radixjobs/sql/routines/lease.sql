@@ -78,8 +78,9 @@ BEGIN
         idempotency_key = excluded.idempotency_key, lease_token = excluded.lease_token;
 END $$;
 
--- An atomic lease attempt's end, keyed by the MAC: the frame closed and the tick
--- marked succeeded in the attempt's own transaction, fenced by the lease token the frame holds.
+-- An atomic lease attempt's end, keyed by the MAC: the frame closed and the tick marked succeeded (the
+-- ticks of the jobs that run after it queued) in the attempt's own transaction, fenced by the lease token
+-- the frame holds.
 CREATE OR REPLACE FUNCTION radix.end_atomic(job uuid, mac text, next_planned_ns bigint) RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -108,6 +109,9 @@ BEGIN
     WHERE s.job_id = job AND s.lease_token = f.lease_token AND s.status = 'running' AND s.request_kind IS NULL
       AND j.job_id = s.job_id;
     IF FOUND THEN
+        IF EXISTS (SELECT 1 FROM radix.job_edges e WHERE e.upstream_id = job) THEN
+            PERFORM radix._fire_dependents(job, f.planned_ns, 'schedule', true);
+        END IF;
         IF EXISTS (SELECT 1 FROM radix.job_requests q WHERE q.job_id = job) THEN
             PERFORM radix._promote_request(job);
         END IF;

@@ -48,7 +48,8 @@ RETURN planned_ns + greatest((now_ns - planned_ns) / interval_ns
 
 -- The state advance: the job's next tick after an attempt, fenced by its lease token (false: the token no
 -- longer holds the claim). A request's tick ends by putting the stashed regular state back (a backfill tick that
--- succeeded is recorded in radix.backfill_done first); then the next queued request, if any, is installed.
+-- succeeded is recorded in radix.backfill_done first); the ticks of the jobs that run after it are queued
+-- (radix._fire_dependents); then the next queued request, if any, is installed.
 CREATE OR REPLACE FUNCTION radix._advance(job uuid, token uuid, next_planned_ns bigint, succeeded boolean,
                                           error jsonb) RETURNS boolean
 LANGUAGE plpgsql VOLATILE
@@ -88,6 +89,9 @@ BEGIN
     END IF;
     IF NOT FOUND THEN  -- re-armed or taken over since the read above (the token is the fence)
         RETURN false;
+    END IF;
+    IF EXISTS (SELECT 1 FROM radix.job_edges e WHERE e.upstream_id = job) THEN
+        PERFORM radix._fire_dependents(job, s.planned_ns, coalesce(s.request_kind, 'schedule'), succeeded);
     END IF;
     PERFORM radix._promote_request(job);
     RETURN true;

@@ -29,8 +29,10 @@ WHERE radix._is_operator();
 COMMENT ON VIEW radix.node_overview IS
     'Scheduler nodes of this database; rows only for operators (superusers, the radix schema owner, radix_admin).';
 
--- Each job with its schedule, options, state, the request in progress and the number queued, and its grid
--- anchor (what `jobs next` computes from); a role sees the jobs it owns (operators: all).
+-- Each job with its schedule, options, state, the request in progress and the number queued, its grid
+-- anchor (what `jobs next` computes from), and the jobs it runs after and that run after it
+-- ([{"job", "on"}], one the reader does not see named "(hidden)"); a role sees the jobs it owns
+-- (operators: all).
 CREATE OR REPLACE VIEW radix.job_overview WITH (security_barrier) AS
 SELECT j.job_id, quote_ident(j.schema_name) || '.' || quote_ident(j.job_name) AS name,
        j.schema_name, j.job_name, j.owner_name AS owner, j.principal_name AS principal,
@@ -39,6 +41,8 @@ SELECT j.job_id, quote_ident(j.schema_name) || '.' || quote_ident(j.job_name) AS
            WHEN 'every' THEN 'EVERY ' || (j.interval_ns / 1000 * interval '1 microsecond')::text
                 || coalesce(' STARTING AT ' || radix.from_ns(j.starting_at_ns)::text, '')
            WHEN 'at' THEN 'AT ' || radix.from_ns(j.at_ns)::text
+           WHEN 'after' THEN 'AFTER ' || (SELECT string_agg(u->>'job' || ' ' || upper(u->>'on'), ' AND ')
+                                          FROM jsonb_array_elements(radix._edges_of(j.job_id, true)) u)
            ELSE 'CRON ' || quote_literal(j.cron_expression) || ' TIME ZONE ' || quote_literal(j.cron_time_zone)
        END AS schedule,
        j.schedule_kind, j.interval_ns, j.starting_at_ns, j.at_ns, j.cron_expression, j.cron_time_zone,
@@ -53,7 +57,8 @@ SELECT j.job_id, quote_ident(j.schema_name) || '.' || quote_ident(j.job_name) AS
        s.request_kind,
        (SELECT count(*) FROM radix.job_requests q WHERE q.job_id = j.job_id) AS queued_runs,
        s.anchor_ns,
-       (SELECT g.group_name FROM radix.job_groups g WHERE g.group_id = j.group_id) AS group_name
+       (SELECT g.group_name FROM radix.job_groups g WHERE g.group_id = j.group_id) AS group_name,
+       radix._edges_of(j.job_id, true) AS upstreams, radix._edges_of(j.job_id, false) AS downstreams
 FROM radix.jobs j LEFT JOIN radix.radix_system_job_state s USING (job_id)
 WHERE radix._owner_visible(j.owner_oid);
 
