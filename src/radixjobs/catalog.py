@@ -22,8 +22,8 @@ from psycopg.types.json import Jsonb
 from radixjobs import ddl, schedule
 from radixjobs.errors import AdmissionError
 from radixjobs.model import (
-    AlterJob,
     AfterSchedule,
+    AlterJob,
     AlterJobGroup,
     AtSchedule,
     CallArgument,

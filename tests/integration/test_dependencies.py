@@ -50,7 +50,7 @@ def test_a_chain_and_a_fan_in_share_the_upstream_s_planned_time(app: App) -> Non
     assert sorted(effects) == sorted([(t, tick) for t in ("a", "x", "b", "c", "d")])
     assert [t for t, _ in effects].index("b") < [t for t, _ in effects].index("c")
     state = app.state("app.b")
-    assert state["status"] == "scheduled" and state["planned_ns"] is None and state["due_ns"] is None
+    assert (state["status"], state["planned_ns"], state["due_ns"]) == ("scheduled", None, None)
     assert [h["run_kind"] for h in app.history("app.b")] == ["after"]
     shown = app.state(a)
     assert shown["downstreams"] == [{"job": "app.b", "on": "succeeds"}, {"job": "app.d", "on": "succeeds"}]
@@ -111,8 +111,8 @@ def test_cycles_and_self_dependencies_are_refused(app: App) -> None:
     with pytest.raises(AdmissionError, match="cannot run after itself"):
         catalog.execute_job_ddl(app.conn, "ALTER JOB app.b SET SCHEDULE AFTER app.b")
     with pytest.raises(AdmissionError, match="does not exist"):
-        catalog.execute_job_ddl(app.conn, "CREATE JOB app.d SCHEDULE AFTER app.nope RUN AS {p} "
-                                          "CALL app.record('d')".format(p=app.principal))
+        catalog.execute_job_ddl(app.conn, f"CREATE JOB app.d SCHEDULE AFTER app.nope RUN AS {app.principal} "
+                                          "CALL app.record('d')")
     with pytest.raises(ParseError, match="named twice"):
         catalog.execute_job_ddl(app.conn, "CREATE JOB app.d SCHEDULE AFTER app.a AND app.a RUN AS x CALL app.r()")
     assert app.state("app.a")["schedule_kind"] == "every"

@@ -22,6 +22,6 @@ def test_a_role_depends_only_on_jobs_whose_owner_it_acts_for(app: App, roles: An
     conn = login(tenant)
     create = ("SELECT radix.create_job('app.mine', %s::jsonb, %s::text, 'app.record', "
               "'[{\"kind\": \"string\", \"value\": \"mine\"}]'::jsonb)")
-    with pytest.raises(psycopg.errors.UndefinedObject, match="job app.theirs does not exist"):
+    with pytest.raises(psycopg.errors.UndefinedObject, match=r"job app\.theirs does not exist"):
         conn.execute(create.encode(), ('{"after": ["app.theirs"]}', app.principal))
     assert app.conn.execute("SELECT count(*) FROM radix.job_edges").fetchone() == (0,)
