@@ -50,6 +50,8 @@ def jobs_show(opts: Options, name: str) -> None:
     human["history"] = human.pop("history_limit")
     human["group"] = human.pop("group_name") or "none"
     human["time_zone"] = job["cron_time_zone"] if job["schedule_kind"] == "cron" else "(CRON only)"
+    for direction in ("upstreams", "downstreams"):
+        human[direction] = ", ".join(f"{edge['job']} {edge['on'].upper()}" for edge in job[direction]) or "none"
     emit(opts, job, output.render_mapping(human))
 
 
@@ -90,6 +92,9 @@ def jobs_next(opts: Options, name: str, count: str, start: str | None) -> None:
         job = catalog.get_job(conn, name)
     if job is None:
         raise RadixError(f"job {name} does not exist (or is not visible to this role)")
+    if job["schedule_kind"] == "after":
+        raise RadixError(f"job {name} runs {job['schedule']}: it has no planned times of its own "
+                         f"(each upstream tick that ends as named queues one with its planned time)")
     zone = job["cron_time_zone"] if job["schedule_kind"] == "cron" else "UTC"
     ticks = [{"planned_ns": tick, "utc": _iso(tick, "UTC"), "local": _iso(tick, zone)}
              for tick in _upcoming(job, start_ns, how_many)]

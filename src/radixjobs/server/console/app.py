@@ -220,7 +220,8 @@ class Console:
         return self.render(request, session, "job.html", page="jobs", db=database, job=data["row"],
                            history=history, older=older, window=window,
                            windows=present.WINDOWS, status=status, statuses=HISTORY_STATUSES,
-                           chart=present.timeline(data["timeline"], _now(), window_s))
+                           chart=present.timeline(data["timeline"], _now(), window_s),
+                           graph=present.dependency_graph(data["row"]))
 
     async def document(self, request: Request, session: Session) -> Response:
         database, num = request.path_params["db"], request.path_params["num"]

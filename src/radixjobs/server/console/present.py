@@ -48,6 +48,8 @@ def schedule_words(row: dict[str, Any]) -> str:
         return f"once at {iso(dt.datetime.fromtimestamp(row['at_ns'] / 1e9, dt.UTC))}"
     if kind == "cron":
         return f"cron '{row.get('cron_expression')}' ({row.get('cron_time_zone') or 'UTC'})"
+    if kind == "after":
+        return "when the jobs it runs after end"
     if kind == "document":
         return f"document: {row.get('schedule_text') or 'once'}"
     return str(row.get("schedule_text") or row.get("schedule") or "")
@@ -137,3 +139,26 @@ def timeline(rows: Sequence[dict[str, Any]], now: dt.datetime, window_s: int, wi
              for i in range(7)]
     return {"width": width, "height": height, "band": f"{band:.1f}", "bars": bars, "dots": dots,
             "ticks": ticks, "late_top": seconds(late_top)}
+
+
+def dependency_graph(job: dict[str, Any], width: int = 600, row_h: int = 28) -> dict[str, Any] | None:
+    """The jobs ``job`` runs after (left column) and that run after it (right), each a box joined to the
+    job's box (middle) by a line labelled with its condition; None when it has neither. A job the reader
+    does not see is a box without a link (radix._edges_of names it "(hidden)")."""
+    ups, downs = job.get("upstreams") or [], job.get("downstreams") or []
+    if not ups and not downs:
+        return None
+    rows = max(len(ups), len(downs), 1)
+    height = rows * row_h + 8
+    box_w, mid_y = width * 0.3, height / 2
+
+    def column(edges: list[dict[str, Any]], x: float) -> list[dict[str, Any]]:
+        top = (height - len(edges) * row_h) / 2
+        return [{"x": f"{x:.1f}", "y": f"{top + i * row_h + 4:.1f}", "cy": f"{top + i * row_h + row_h / 2:.1f}",
+                 "name": e["job"], "id": e.get("job_id"), "on": e["on"]} for i, e in enumerate(edges)]
+
+    return {"width": width, "height": f"{height:.0f}", "box_w": f"{box_w:.1f}", "box_h": row_h - 8,
+            "mid_x": f"{width * 0.35:.1f}", "mid_y": f"{mid_y - (row_h - 8) / 2:.1f}", "mid_cy": f"{mid_y:.1f}",
+            "left_end": f"{box_w:.1f}", "mid_start": f"{width * 0.35:.1f}",
+            "mid_end": f"{width * 0.65:.1f}", "right_start": f"{width * 0.7:.1f}",
+            "ups": column(ups, 0), "downs": column(downs, width * 0.7)}
