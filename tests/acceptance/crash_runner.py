@@ -1,7 +1,9 @@
 """An engine process that stops at a pause point until it is killed: ``crash_runner DSN POINT MARKER``.
 
 POINT ``batch``: no pause, one slot; every procedure that ran counts as short and a batch is never cancelled
-for its length (engine/batches.py), so a test can kill the process while a batch runs."""
+for its length (engine/batches.py), so a test can kill the process while a batch runs. POINT ``upstream``: one
+slot, paused after the first attempt committed (``executed``): the jobs that run after it are queued, and none
+of them can start."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from radixjobs.engine import Engine, batches, ticks
 
 async def main(dsn: str, point: str, marker: Path) -> None:
     async def pause(reached: str) -> None:
-        if reached == point:
+        if reached == point or (point == "upstream" and reached == "executed"):
             await asyncio.to_thread(marker.write_text, reached)
             await asyncio.sleep(3600)  # killed here
 
@@ -23,6 +25,8 @@ async def main(dsn: str, point: str, marker: Path) -> None:
         ticks.BATCH_TICK_MS = 60_000.0
         ticks.BATCH_BUDGET_MS = 1e12
         batches.BATCH_RUN_S = 3600.0
+        concurrency = 1
+    if point == "upstream":
         concurrency = 1
     async with Engine(dsn, node_id="doomed", pause=pause, concurrency=concurrency) as engine:
         await engine.run_due()

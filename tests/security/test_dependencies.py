@@ -25,3 +25,24 @@ def test_a_role_depends_only_on_jobs_whose_owner_it_acts_for(app: App, roles: An
     with pytest.raises(psycopg.errors.UndefinedObject, match=r"job app\.theirs does not exist"):
         conn.execute(create.encode(), ('{"after": ["app.theirs"]}', app.principal))
     assert app.conn.execute("SELECT count(*) FROM radix.job_edges").fetchone() == (0,)
+
+
+def test_an_edge_whose_owner_lost_the_right_does_not_fire_and_hides_the_upstream(app: App, roles: Any,
+                                                                                 login: Any) -> None:
+    owner, tenant = roles("owner"), roles("tenant")
+    for role in (owner, tenant):
+        app.conn.execute(sql.SQL("GRANT USAGE, CREATE ON SCHEMA app TO {0}; GRANT {1} TO {0}").format(
+            sql.Identifier(role), sql.Identifier(app.principal)))
+    app.conn.execute(sql.SQL("GRANT {} TO {}").format(sql.Identifier(owner), sql.Identifier(tenant)))
+    create = ("SELECT radix.create_job(%s::text, %s::jsonb, %s::text, 'app.record', "
+              "jsonb_build_array(jsonb_build_object('kind', 'string', 'value', %s::text)))")
+    login(owner).execute(create.encode(), ("app.up", '{"at": "2020-01-01"}', app.principal, "up"))
+    theirs = login(tenant)
+    theirs.execute(create.encode(), ("app.dep", '{"after": ["app.up"]}', app.principal, "dep"))
+    app.conn.execute(sql.SQL("REVOKE {} FROM {}").format(sql.Identifier(owner), sql.Identifier(tenant)))
+    row = theirs.execute("SELECT schedule, upstreams FROM radix.job_overview WHERE name = 'app.dep'").fetchone()
+    assert row == ("AFTER (hidden) SUCCEEDS", [{"job": "(hidden)", "on": "succeeds"}])
+    app.run()
+    app.run()
+    assert [e[1] for e in app.effects()] == ["up"]
+    assert app.conn.execute("SELECT count(*) FROM radix.job_requests").fetchone() == (0,)

@@ -281,7 +281,7 @@ REJECTED = [
     ('CREATE JOB "".b SCHEDULE', 'zero-length quoted identifier ("")', 1, 12),
     ("CREATE JOB IF EXISTS a.b", "expected NOT EXISTS after IF, found 'EXISTS'", 1, 15),
     ("CREATE JOB a.b RUN AS r CALL s.p()", "expected SCHEDULE, found 'RUN'", 1, 16),
-    ("CREATE JOB a.b SCHEDULE DAILY", "expected EVERY, AT or CRON after SCHEDULE, found 'DAILY'", 1, 25),
+    ("CREATE JOB a.b SCHEDULE DAILY", "expected EVERY, AT, CRON or AFTER after SCHEDULE, found 'DAILY'", 1, 25),
     ("CREATE JOB a.b SCHEDULE EVERY '5 min'", "expected INTERVAL after EVERY, found ''5 min''", 1, 31),
     (EVERY + "5" + RUN_CALL, "expected an interval string, found '5'", 1, 40),
     # interval, timestamp and cron literals: the position is the literal's

@@ -144,7 +144,7 @@ def timeline(rows: Sequence[dict[str, Any]], now: dt.datetime, window_s: int, wi
 def dependency_graph(job: dict[str, Any], width: int = 600, row_h: int = 28) -> dict[str, Any] | None:
     """The jobs ``job`` runs after (left column) and that run after it (right), each a box joined to the
     job's box (middle) by a line labelled with its condition; None when it has neither. A job the reader
-    does not see is a box without a link (radix._edges_of names it "(hidden)")."""
+    does not see is a box without a link (radix.job_overview names it "(hidden)")."""
     ups, downs = job.get("upstreams") or [], job.get("downstreams") or []
     if not ups and not downs:
         return None

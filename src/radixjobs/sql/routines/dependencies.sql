@@ -94,6 +94,9 @@ DECLARE
     before uuid[];
     cycle text;
 BEGIN
+    IF after IS NULL AND NOT EXISTS (SELECT 1 FROM radix.job_edges x WHERE x.job_id = j.job_id) THEN
+        RETURN false;  -- no edges before or after: nothing to lock
+    END IF;
     BEGIN
         LOCK TABLE radix.job_edges IN SHARE ROW EXCLUSIVE MODE;
     EXCEPTION WHEN lock_not_available THEN
@@ -229,19 +232,3 @@ SET jit = off
 RETURN CASE WHEN radix._acts_for(caller, j.owner_oid)
             THEN 'job ' || quote_ident(j.schema_name) || '.' || quote_ident(j.job_name)
             ELSE 'a job of another owner' END;
-
--- A job's upstreams and dependents as the current role may see them: [{"job": name, "on": condition,
--- "job_id": id}], one the role does not see named "(hidden)", without its id.
-CREATE OR REPLACE FUNCTION radix._edges_of(job uuid, upstream boolean) RETURNS jsonb
-LANGUAGE sql STABLE
-SET search_path = pg_catalog, pg_temp
-SET jit = off
-RETURN (SELECT coalesce(jsonb_agg(CASE WHEN radix._owner_visible(k.owner_oid)
-                                       THEN jsonb_build_object('job', quote_ident(k.schema_name) || '.'
-                                                                      || quote_ident(k.job_name),
-                                                               'on', e.condition, 'job_id', k.job_id)
-                                       ELSE jsonb_build_object('job', '(hidden)', 'on', e.condition) END
-                                  ORDER BY k.schema_name, k.job_name), '[]'::jsonb)
-        FROM radix.job_edges e
-        JOIN radix.jobs k ON k.job_id = CASE WHEN upstream THEN e.upstream_id ELSE e.job_id END
-        WHERE CASE WHEN upstream THEN e.job_id ELSE e.upstream_id END = job);

@@ -31,8 +31,8 @@ COMMENT ON VIEW radix.node_overview IS
 
 -- Each job with its schedule, options, state, the request in progress and the number queued, its grid
 -- anchor (what `jobs next` computes from), and the jobs it runs after and that run after it
--- ([{"job", "on"}], one the reader does not see named "(hidden)"); a role sees the jobs it owns
--- (operators: all).
+-- ([{"job", "on", "job_id"}], one the reader does not see named "(hidden)", without its id); a role sees the
+-- jobs it owns (operators: all).
 CREATE OR REPLACE VIEW radix.job_overview WITH (security_barrier) AS
 SELECT j.job_id, quote_ident(j.schema_name) || '.' || quote_ident(j.job_name) AS name,
        j.schema_name, j.job_name, j.owner_name AS owner, j.principal_name AS principal,
@@ -41,8 +41,7 @@ SELECT j.job_id, quote_ident(j.schema_name) || '.' || quote_ident(j.job_name) AS
            WHEN 'every' THEN 'EVERY ' || (j.interval_ns / 1000 * interval '1 microsecond')::text
                 || coalesce(' STARTING AT ' || radix.from_ns(j.starting_at_ns)::text, '')
            WHEN 'at' THEN 'AT ' || radix.from_ns(j.at_ns)::text
-           WHEN 'after' THEN 'AFTER ' || (SELECT string_agg(u->>'job' || ' ' || upper(u->>'on'), ' AND ')
-                                          FROM jsonb_array_elements(radix._edges_of(j.job_id, true)) u)
+           WHEN 'after' THEN 'AFTER ' || g.after_text
            ELSE 'CRON ' || quote_literal(j.cron_expression) || ' TIME ZONE ' || quote_literal(j.cron_time_zone)
        END AS schedule,
        j.schedule_kind, j.interval_ns, j.starting_at_ns, j.at_ns, j.cron_expression, j.cron_time_zone,
@@ -58,8 +57,22 @@ SELECT j.job_id, quote_ident(j.schema_name) || '.' || quote_ident(j.job_name) AS
        (SELECT count(*) FROM radix.job_requests q WHERE q.job_id = j.job_id) AS queued_runs,
        s.anchor_ns,
        (SELECT g.group_name FROM radix.job_groups g WHERE g.group_id = j.group_id) AS group_name,
-       radix._edges_of(j.job_id, true) AS upstreams, radix._edges_of(j.job_id, false) AS downstreams
+       g.upstreams, g.downstreams
 FROM radix.jobs j LEFT JOIN radix.radix_system_job_state s USING (job_id)
+CROSS JOIN LATERAL (
+    SELECT coalesce(jsonb_agg(x.edge ORDER BY x.name) FILTER (WHERE x.up), '[]') AS upstreams,
+           coalesce(jsonb_agg(x.edge ORDER BY x.name) FILTER (WHERE NOT x.up), '[]') AS downstreams,
+           string_agg((x.edge->>'job') || ' ' || upper(x.edge->>'on'), ' AND ' ORDER BY x.name)
+               FILTER (WHERE x.up) AS after_text
+    FROM (SELECT e.job_id = j.job_id AS up, k.schema_name || '.' || k.job_name AS name,
+                 CASE WHEN radix._owner_visible(k.owner_oid)
+                      THEN jsonb_build_object('job', quote_ident(k.schema_name) || '.' || quote_ident(k.job_name),
+                                              'on', e.condition, 'job_id', k.job_id)
+                      ELSE jsonb_build_object('job', '(hidden)', 'on', e.condition) END AS edge
+          FROM radix.job_edges e
+          JOIN radix.jobs k ON k.job_id = CASE WHEN e.job_id = j.job_id THEN e.upstream_id ELSE e.job_id END
+          WHERE e.job_id = j.job_id OR e.upstream_id = j.job_id) x
+) g
 WHERE radix._owner_visible(j.owner_oid);
 
 -- Does `job` exist, among the jobs the caller sees (for CREATE OR REPLACE: replace it, or create it)? As the
