@@ -116,6 +116,8 @@ def test_cycles_and_self_dependencies_are_refused(app: App) -> None:
     with pytest.raises(AdmissionError, match="does not exist"):
         catalog.execute_job_ddl(app.conn, f"CREATE JOB app.d SCHEDULE AFTER app.nope RUN AS {app.principal} "
                                           "CALL app.record('d')")
+    with pytest.raises(AdmissionError, match="an AFTER job has none"):
+        catalog.execute_job_ddl(app.conn, "ALTER JOB app.b SET (jitter = '1 minute')")
     with pytest.raises(ParseError, match="named twice"):
         catalog.execute_job_ddl(app.conn, "CREATE JOB app.d SCHEDULE AFTER app.a AND app.a RUN AS x CALL app.r()")
     assert app.state("app.a")["schedule_kind"] == "every"

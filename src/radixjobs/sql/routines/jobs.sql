@@ -205,13 +205,18 @@ BEGIN
 END $$;
 
 -- An EVERY job's jitter is less than its interval, so that its ticks stay in order (each due before the
--- next one's planned time).
+-- next one's planned time); an AFTER job, whose ticks are its upstreams' (due at once, never missed), takes
+-- neither jitter nor a start deadline.
 CREATE OR REPLACE FUNCTION radix._check_jitter(j radix.jobs) RETURNS void
 LANGUAGE plpgsql IMMUTABLE
 SET search_path = pg_catalog, pg_temp
 SET jit = off
 AS $$
 BEGIN
+    IF j.schedule_kind = 'after' AND (j.jitter_ns IS NOT NULL OR j.start_deadline_ns IS NOT NULL) THEN
+        RAISE EXCEPTION 'options jitter and start_deadline apply to a job''s own schedule: an AFTER job has none'
+            USING ERRCODE = '22023';
+    END IF;
     IF j.jitter_ns >= j.interval_ns THEN
         RAISE EXCEPTION 'option jitter must be less than the schedule''s interval (EVERY %)',
             make_interval(secs => j.interval_ns / 1e9) USING ERRCODE = '22023';
