@@ -2,8 +2,8 @@
 
 POINT ``batch``: no pause, one slot; every procedure that ran counts as short and a batch is never cancelled
 for its length (engine/batches.py), so a test can kill the process while a batch runs. POINT ``upstream``: one
-slot, paused after the first attempt committed (``executed``): the jobs that run after it are queued, and none
-of them can start."""
+slot, runs due work until the first attempt committed, paused there (``executed``): the jobs that run after it
+are queued, and none of them can start."""
 
 from __future__ import annotations
 
@@ -30,6 +30,9 @@ async def main(dsn: str, point: str, marker: Path) -> None:
         concurrency = 1
     async with Engine(dsn, node_id="doomed", pause=pause, concurrency=concurrency) as engine:
         await engine.run_due()
+        while point == "upstream":  # until the first tick is due and has run
+            await engine.wait_for_work(0.1)
+            await engine.run_due()
 
 
 if __name__ == "__main__":

@@ -14,8 +14,10 @@
 -- its job alone. Missed ticks (start deadline) and ticks still retrying do not end, so do not fire.
 --
 -- An upstream's ticks always take the lease path (its state row's via_lease, radix._takes_lease): the
--- markers written there are the only ones that fire dependents. Edges change under a lock on radix.job_edges
--- (no ordinary role can take it), so two admissions cannot close a cycle between them.
+-- markers written there are the only ones that fire dependents. The edges of a job change only while its row
+-- is locked (FOR NO KEY UPDATE: by ALTER, CREATE OR REPLACE, DROP, or a CREATE's own new row), and an
+-- admission locks every job up the chain from its new upstreams before it looks for a cycle, so two
+-- admissions cannot close a cycle between them: the second waits for the first, then sees its edges.
 --
 -- Who may depend on what: a job may run after a job only when its owner may act for the upstream's owner
 -- (radix._acts_for, the rule of a job's owner), as the upstream's own owner could. An upstream the caller
@@ -76,9 +78,10 @@ BEGIN
     RETURN out;
 END $$;
 
--- Set the edges of job `j` (a row already written) to `after` (radix._normalise_after's; NULL: none), as
--- `caller` admits them: each upstream exists and the caller may act for its owner, none is `j` itself or
--- runs after it (a cycle). The upstreams that gained or lost their last dependent change path
+-- Set the edges of job `j` (a row already written, locked by the caller) to `after` (radix._normalise_after's;
+-- NULL: none), as `caller` admits them: each upstream exists and the caller may act for its owner, none is `j`
+-- itself or runs after it (a cycle: every job up the chain is locked first, each wait bounded). The upstreams
+-- that gained or lost their last dependent change path
 -- (radix._takes_lease); their state row's updated_at moves, so a tick of theirs found on the one-transaction
 -- path before now is no longer as found and runs on the lease path. Returns whether the edges changed.
 CREATE OR REPLACE FUNCTION radix._set_edges(j radix.jobs, after jsonb, caller oid) RETURNS boolean
@@ -87,24 +90,21 @@ SET search_path = pg_catalog, pg_temp
 SET jit = off
 AS $$
 DECLARE
-    prior_timeout text := radix._bound_lock_wait();
+    prior_timeout text;
     wanted radix.job_edges[] := '{}';
     e jsonb;
     u radix.jobs;
     before uuid[];
+    locked uuid[] := ARRAY[j.job_id];
+    todo uuid[];
     cycle text;
 BEGIN
     IF after IS NULL AND NOT EXISTS (SELECT 1 FROM radix.job_edges x WHERE x.job_id = j.job_id) THEN
-        RETURN false;  -- no edges before or after: nothing to lock
+        RETURN false;  -- no edges before or after
     END IF;
-    BEGIN
-        LOCK TABLE radix.job_edges IN SHARE ROW EXCLUSIVE MODE;
-    EXCEPTION WHEN lock_not_available THEN
-        RAISE EXCEPTION 'job dependencies are being changed by another transaction; try again'
-            USING ERRCODE = '55P03';
-    END;
+    prior_timeout := radix._bound_lock_wait();
     FOR e IN SELECT x FROM jsonb_array_elements(coalesce(after, '[]')) x LOOP
-        SELECT * INTO u FROM radix.jobs WHERE schema_name = e->>'schema' AND job_name = e->>'name' FOR KEY SHARE;
+        SELECT * INTO u FROM radix.jobs WHERE schema_name = e->>'schema' AND job_name = e->>'name';
         IF NOT FOUND OR NOT radix._acts_for(caller, u.owner_oid) THEN
             RAISE EXCEPTION 'job %.% does not exist', quote_ident(e->>'schema'), quote_ident(e->>'name')
                 USING ERRCODE = '42704', HINT = 'A job runs after jobs whose owner''s privileges its owner has.';
@@ -115,7 +115,29 @@ BEGIN
         END IF;
         wanted := wanted || ROW(j.job_id, u.job_id, e->>'on')::radix.job_edges;
     END LOOP;
+    -- lock the upstreams and every job up the chain from them, until no new one appears
+    LOOP
+        WITH RECURSIVE up (job_id) AS (
+            SELECT w.upstream_id FROM unnest(wanted) w
+            UNION
+            SELECT x.upstream_id FROM radix.job_edges x JOIN up ON x.job_id = up.job_id
+        )
+        SELECT array_agg(up.job_id ORDER BY up.job_id) INTO todo FROM up WHERE NOT up.job_id = ANY (locked);
+        EXIT WHEN todo IS NULL;
+        BEGIN
+            PERFORM FROM radix.jobs x WHERE x.job_id = ANY (todo) ORDER BY x.job_id FOR NO KEY UPDATE;
+        EXCEPTION WHEN lock_not_available THEN
+            RAISE EXCEPTION 'a job that job %.% would run after is being changed by another transaction; try again',
+                quote_ident(j.schema_name), quote_ident(j.job_name) USING ERRCODE = '55P03';
+        END;
+        locked := locked || todo;
+    END LOOP;
     PERFORM pg_catalog.set_config('lock_timeout', prior_timeout, true);
+    IF EXISTS (SELECT 1 FROM unnest(wanted) w WHERE NOT EXISTS (SELECT 1 FROM radix.jobs x
+                                                                  WHERE x.job_id = w.upstream_id)) THEN
+        RAISE EXCEPTION 'a job that job %.% would run after was dropped meanwhile', quote_ident(j.schema_name),
+            quote_ident(j.job_name) USING ERRCODE = '42704';
+    END IF;
     IF ARRAY(SELECT x FROM radix.job_edges x WHERE x.job_id = j.job_id ORDER BY x.upstream_id)
        = ARRAY(SELECT x FROM unnest(wanted) x ORDER BY x.upstream_id) THEN
         RETURN false;
@@ -127,13 +149,13 @@ BEGIN
         SELECT x.job_id, d.path || x.job_id FROM radix.job_edges x JOIN down d ON x.upstream_id = d.job_id
         WHERE NOT x.job_id = ANY (d.path)
     )
-    SELECT string_agg(quote_ident(k.schema_name) || '.' || quote_ident(k.job_name), ' → ' ORDER BY o.n)
+    SELECT string_agg(radix._job_name_for(caller, k), ' → ' ORDER BY o.n)
     INTO cycle
     FROM (SELECT d.path FROM down d WHERE d.job_id IN (SELECT w.upstream_id FROM unnest(wanted) w) LIMIT 1) c,
          unnest(c.path) WITH ORDINALITY AS o(job_id, n) JOIN radix.jobs k ON k.job_id = o.job_id;
     IF cycle IS NOT NULL THEN
         RAISE EXCEPTION 'job %.% cannot run after a job that runs after it', quote_ident(j.schema_name),
-            quote_ident(j.job_name) USING ERRCODE = '42P17', DETAIL = format('The chain %s → back.', cycle);
+            quote_ident(j.job_name) USING ERRCODE = '42P17', DETAIL = format('The chain: %s, back to the first.', cycle);
     END IF;
     before := ARRAY(SELECT x.upstream_id FROM radix.job_edges x WHERE x.job_id = j.job_id);
     DELETE FROM radix.job_edges x WHERE x.job_id = j.job_id;

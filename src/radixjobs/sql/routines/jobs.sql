@@ -124,19 +124,8 @@ BEGIN
             HINT = 'Wait for it to finish, or use DROP JOB ... CASCADE.';
     END IF;
     -- the jobs that run after it: RESTRICT refuses, CASCADE drops them (whoever owns them, as PostgreSQL's
-    -- DROP … CASCADE drops the views on a table); the edges' lock is the one admission takes (dependencies.sql).
-    -- A dependent admitted meanwhile holds the job's row KEY SHARE: the DELETE below waits for it, then its
-    -- key check refuses the drop.
-    IF EXISTS (SELECT 1 FROM radix.job_edges e WHERE e.upstream_id = j.job_id) THEN
-        prior_timeout := radix._bound_lock_wait();
-        BEGIN
-            LOCK TABLE radix.job_edges IN SHARE ROW EXCLUSIVE MODE;
-        EXCEPTION WHEN lock_not_available THEN
-            RAISE EXCEPTION 'job dependencies are being changed by another transaction; try again'
-                USING ERRCODE = '55P03';
-        END;
-        PERFORM pg_catalog.set_config('lock_timeout', prior_timeout, true);
-    END IF;
+    -- DROP … CASCADE drops the views on a table). An admission of a new dependent locks this job's row first
+    -- (dependencies.sql), so none appears meanwhile.
     dropped := ARRAY(SELECT d.job_id FROM radix._downstream_of(j.job_id) d);
     IF cardinality(dropped) > 0 AND NOT cascade THEN
         RAISE EXCEPTION 'cannot drop job %.% because other jobs run after it', quote_ident(j.schema_name),
