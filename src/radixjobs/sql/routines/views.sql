@@ -53,7 +53,8 @@ SELECT j.job_id, quote_ident(j.schema_name) || '.' || quote_ident(j.job_name) AS
        s.request_kind,
        (SELECT count(*) FROM radix.job_requests q WHERE q.job_id = j.job_id) AS queued_runs,
        s.anchor_ns,
-       (SELECT g.group_name FROM radix.job_groups g WHERE g.group_id = j.group_id) AS group_name
+       (SELECT g.group_name FROM radix.job_groups g WHERE g.group_id = j.group_id) AS group_name,
+       j.on_failure_signature AS on_failure
 FROM radix.jobs j LEFT JOIN radix.radix_system_job_state s USING (job_id)
 WHERE radix._owner_visible(j.owner_oid);
 
