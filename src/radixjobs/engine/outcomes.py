@@ -49,6 +49,14 @@ FINISH_ATTEMPT = "SELECT radix.finish_attempt(%s, %s, %s, %s, %s, %s, %s, %s)"
 COMMITTED = ("SELECT EXISTS (SELECT 1 FROM radix.radix_system_job_history WHERE job_id = %s "
              "AND planned_ns = %s AND attempt = %s AND status = 'succeeded' AND (run_kind = 'on_failure') = %s)")
 
+# A radix_events event checked against the history (any role may NOTIFY that channel): the job's qualified name
+# when that attempt of that tick is recorded failed, read with the scheduler's rights.
+FAILED_JOB_NAME = ("SELECT pg_catalog.quote_ident(j.schema_name) OPERATOR(pg_catalog.||) '.' OPERATOR(pg_catalog.||) "
+                   "pg_catalog.quote_ident(j.job_name) FROM radix.radix_system_job_history h "
+                   "JOIN radix.jobs j ON j.job_id OPERATOR(pg_catalog.=) h.job_id "
+                   "WHERE h.job_id = %s AND h.planned_ns = %s AND h.attempt = %s AND h.run_kind = %s "
+                   "AND h.status = 'failed'")
+
 
 class OutcomeRecorder:
     """Writes outcomes on the scheduler's pool, counts them in ``counters``, and notes each attempt's end."""
@@ -73,6 +81,13 @@ class OutcomeRecorder:
             cur = await conn.execute(COMMITTED, (job_id, planned_ns, attempt, hook))
             row = await cur.fetchone()
         return bool(row and row[0])
+
+    async def failed_job_name(self, job_id: uuid.UUID, planned_ns: int, attempt: int, run_kind: str) -> str | None:
+        """The job's qualified name when that attempt of that tick is recorded failed, else None."""
+        async with self._pool.connection() as conn:
+            cur = await conn.execute(FAILED_JOB_NAME, (job_id, planned_ns, attempt, run_kind))
+            row = await cur.fetchone()
+        return None if row is None else str(row[0])
 
     async def executed(self, job: JobDefinition, claim: Claim, next_planned: int | None, outcome: Outcome) -> str:
         """The attempt ran (or could not start): record its outcome (``finalise``)."""
