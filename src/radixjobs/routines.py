@@ -36,9 +36,9 @@ from radixjobs.errors import SchemaError
 from radixjobs.sqlscript import split_script
 
 # Applied in this order.
-ROUTINES = ("basics", "identity", "tokens", "admission", "groups", "dependencies", "jobs", "requests", "nodes",
-            "finder", "deadlines", "outcomes", "tick", "batch", "lease", "frames", "services", "documents", "views",
-            "grants")
+ROUTINES = ("basics", "identity", "tokens", "admission", "groups", "dependencies", "jobs", "requests", "hooks",
+            "nodes", "finder", "deadlines", "outcomes", "tick", "batch", "lease", "frames", "services", "documents",
+            "views", "grants")
 # The errors of a CREATE OR REPLACE that cannot replace its object in place.
 _NOT_REPLACEABLE = (errors.InvalidFunctionDefinition, errors.InvalidTableDefinition)
 _EXISTING = """

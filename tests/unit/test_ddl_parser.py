@@ -503,7 +503,7 @@ def test_with_options(suffix: str, timeout_ms: int | None, enabled: bool) -> Non
 
 @pytest.mark.parametrize(("suffix", "fragment", "column"), [
     ("WITH (retries = 3)", 'unknown option "retries" (accepted: timeout, max_attempts, history, coalesce, batch, '
-                           'start_deadline, jitter, group, time_zone)', 71),
+                           'start_deadline, jitter, group, time_zone, on_failure)', 71),
     ("WITH (jitter = 30)", "jitter must be an interval string", 80),
     ("WITH (jitter = '0 seconds')", "jitter: interval must be positive", 80),
     ("WITH (start_deadline = '-1 minute')", "start_deadline: interval must be positive", 88),
@@ -587,3 +587,21 @@ def test_rejected_job_group_statements(text: str, fragment: str) -> None:
     with pytest.raises(ParseError) as caught:
         parse_job_statement(text)
     assert fragment in caught.value.message
+
+
+def test_the_on_failure_option_names_a_procedure() -> None:
+    stmt = parse_job_statement(EVERY + CALL_P + "WITH (on_failure = 'app.alert', max_attempts = 2)")
+    assert isinstance(stmt, CreateJob)
+    assert ("on_failure", "app.alert") in stmt.options
+    altered = parse_job_statement("ALTER JOB a.b SET (on_failure = '\"App\".\"Alert\"')")
+    assert isinstance(altered, AlterJob)
+    assert altered.options == (("on_failure", '"App"."Alert"'),)
+    assert parse_job_statement("ALTER JOB a.b RESET (on_failure)") == AlterJob(QualifiedName("a", "b"),
+                                                                              reset=("on_failure",))
+
+
+@pytest.mark.parametrize("value", ["app.alert", "5", "'alert'", "''"])
+def test_on_failure_must_be_a_qualified_name_string(value: str) -> None:
+    with pytest.raises(ParseError) as caught:
+        parse_job_statement(EVERY + CALL_P + f"WITH (on_failure = {value})")
+    assert "on_failure must be a procedure's qualified name string" in caught.value.message

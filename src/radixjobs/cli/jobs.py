@@ -49,6 +49,7 @@ def jobs_show(opts: Options, name: str) -> None:
         human[option] = "none" if ns is None else catalog.describe_timeout(ns // 1_000_000)
     human["history"] = human.pop("history_limit")
     human["group"] = human.pop("group_name") or "none"
+    human["on_failure"] = job["on_failure"] or "none"
     human["time_zone"] = job["cron_time_zone"] if job["schedule_kind"] == "cron" else "(CRON only)"
     for direction in ("upstreams", "downstreams"):
         human[direction] = ", ".join(f"{edge['job']} {edge['on'].upper()}" for edge in job[direction]) or "none"

@@ -79,6 +79,9 @@ if TYPE_CHECKING:
 @click.option("--event-loop", type=click.Choice(["asyncio", "uvloop"]), default="asyncio", show_default=True,
               help="asyncio's own loop, or uvloop (the uvloop extra; about a tenth less daemon CPU, "
                    "throughput within the noise: docs/hot-path.md).")
+@click.option("--notify-url", default=None, envvar="RADIXJOBS_NOTIFY_URL", metavar="URL",
+              help="POST each job's terminal failure (radix_events) here as JSON, with a timeout and bounded "
+                   "retries, never delaying scheduling (docs/daemon.md#failure-events). Env RADIXJOBS_NOTIFY_URL.")
 @click.option("--demo", is_flag=True, help="Install a demo job (demo.heartbeat, every 5 s) first.")
 @click.option("--service", "services", multiple=True, metavar="NAME=module:function",
               help="Register a CSP service for CRON_TABLE documents (besides the radixjobs.services entry "
@@ -89,8 +92,8 @@ def serve_command(opts: Options, http: str, http_max_connections: int | None, ht
                   node_id: str | None, concurrency: int,
                   per_database_concurrency: int, per_cluster_concurrency: int | None, max_per_principal: int | None,
                   reserved_slots: int | None, long_attempt: float, tick_batch: int, grace: float, poll: float,
-                  discovery_interval: float, lease_seconds: int, log_format: str, event_loop: str, demo: bool,
-                  services: tuple[str, ...]) -> None:
+                  discovery_interval: float, lease_seconds: int, log_format: str, event_loop: str,
+                  notify_url: str | None, demo: bool, services: tuple[str, ...]) -> None:
     """Run the scheduler daemon until SIGINT/SIGTERM (several clusters: repeat --dsn)."""
     import asyncio
     import signal
@@ -100,6 +103,7 @@ def serve_command(opts: Options, http: str, http_max_connections: int | None, ht
     from radixjobs.server.reload import log_config_warning, parse_services, serve_reloader
 
     allowed = parse_services(services)
+    _check_notify_url(notify_url)
     check_reserved_slots(reserved_slots, per_database_concurrency, "--per-database-concurrency")
     loop_factory = _loop_factory(event_loop)
     http_host, sockets, hosts = _http_endpoint(http, http_allowed_hosts)  # a busy port: before anything starts
@@ -119,7 +123,8 @@ def serve_command(opts: Options, http: str, http_max_connections: int | None, ht
                               long_attempt_s=long_attempt, grace_s=grace, poll_s=poll, discovery_s=discovery_interval,
                               services=allowed,
                               lease_s=lease_seconds, extra_dsns=[other.dsn for other in others],
-                              per_cluster_concurrency=per_cluster_concurrency, tick_batch=tick_batch)
+                              per_cluster_concurrency=per_cluster_concurrency, tick_batch=tick_batch,
+                              notify_url=notify_url)
         if node_id:
             config.node_id = node_id
         auth = _console_auth(target.dsn, http_auth, http_token)
@@ -148,6 +153,17 @@ def _http_endpoint(http: str, entries: tuple[str, ...]) -> tuple[str, list[socke
         return "", [], None
     sockets = listen(*address)
     return address[0], sockets, hosts or AllowedHosts.default(address[0], [s.getsockname()[0] for s in sockets])
+
+
+def _check_notify_url(url: str | None) -> None:
+    """A usage error unless ``url`` is an http:// or https:// URL with a host (or None)."""
+    from urllib.parse import urlsplit
+
+    if url is None:
+        return
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise click.BadParameter("expected an http:// or https:// URL", param_hint="--notify-url")
 
 
 def _loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop] | None:

@@ -12,7 +12,8 @@ from radixjobs.errors import ParseError, ScheduleError
 
 MAX_TIMEOUT_MS = 7 * 86_400_000  # radix.max_timeout_ms()
 OPTION_DEFAULTS = {"timeout": "4 minutes", "max_attempts": "5", "history": "256", "coalesce": "on", "batch": "off",
-                   "start_deadline": "none", "jitter": "none", "group": "none", "time_zone": "UTC (CRON only)"}
+                   "start_deadline": "none", "jitter": "none", "group": "none", "time_zone": "UTC (CRON only)",
+                   "on_failure": "none"}
 MAX_GROUP_RUNNING = 10_000  # radix.job_groups.max_running
 JOB_OPTIONS = tuple(OPTION_DEFAULTS)
 _SWITCH = {"on": "on", "true": "on", "yes": "on", "1": "on", "off": "off", "false": "off", "no": "off", "0": "off"}
@@ -44,6 +45,10 @@ def check_option(name: Token, value: Token, fail: Callable[[str, Token], ParseEr
     if name.value == "group":
         if value.kind not in (TokenKind.STRING, TokenKind.IDENT, TokenKind.QUOTED_IDENT) or not text:
             raise fail("group must be a job group's name, e.g. group = 'etl'", value)
+        return text
+    if name.value == "on_failure":
+        if value.kind is not TokenKind.STRING or text.count(".") < 1 or not text.strip():
+            raise fail("on_failure must be a procedure's qualified name string, e.g. on_failure = 'app.alert'", value)
         return text
     if name.value in ("coalesce", "batch"):
         if text.lower() not in _SWITCH:

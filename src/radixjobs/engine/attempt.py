@@ -100,6 +100,7 @@ class Claim:
     resumed: bool
     coalesced: int
     anchor_ns: int
+    run_kind: str = "schedule"  # what queued the tick: schedule, run, backfill, on_failure (a hook: hooks.py)
 
 
 @dataclass

@@ -13,6 +13,7 @@ Invariants:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import secrets
 import uuid
@@ -48,7 +49,7 @@ WHERE j.job_id = ANY(%s)
 # nested loop over the jobs' primary key however many jobs there are.
 CLAIM = """
 SELECT c.job_id, c.definition_version, c.lease_token, c.planned_ns, c.attempt, c.idempotency_key, c.resumed,
-       c.coalesced, c.anchor_ns,
+       c.coalesced, c.anchor_ns, c.run_kind,
        j.definition_version, j.schema_name, j.job_name, j.principal_name, j.procedure_signature,
        n.nspname, p.proname, j.arguments::text, j.deadline_ms, j.non_atomic, j.schedule_kind, j.interval_ns,
        j.starting_at_ns, j.at_ns, j.cron_expression, j.cron_time_zone, j.max_attempts, j.owner_name,
@@ -60,7 +61,7 @@ JOIN radix.jobs j ON j.job_id = c.job_id
 LEFT JOIN pg_catalog.pg_proc p ON p.oid = j.procedure_oid
 LEFT JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
 """
-CLAIM_COLUMNS = 9  # the Claim's fields; the definition's columns follow
+CLAIM_COLUMNS = 10  # the Claim's fields; the definition's columns follow
 DEFINITION_COLUMNS = ("definition_version", "schema_name", "job_name", "principal_name", "procedure_signature",
                       "procedure_schema", "procedure_name", "arguments", "deadline_ms", "non_atomic",
                       "schedule_kind", "interval_ns", "starting_at_ns", "at_ns", "cron_expression",
@@ -272,3 +273,29 @@ async def load_definition(pool: AsyncConnectionPool[Any], cache: DefinitionCache
         job = definition_from_row(row)
         cache.put(job)
     return job
+
+
+# An on_failure hook's procedure (sql/routines/hooks.sql), looked up when a hook's claim runs: hooks are rare,
+# so neither the claim's query nor the cache carries it.
+LOAD_HOOK = """
+SELECT n.nspname, p.proname, j.on_failure_signature
+FROM radix.jobs j
+JOIN pg_catalog.pg_proc p ON p.oid = j.on_failure_oid
+JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
+WHERE j.job_id = %s
+"""
+HOOK_KIND = "on_failure"  # the claim's run_kind of a hook's attempt
+# The hook's one argument, the failure document: radix.current_arguments hands it to a hook's attempt.
+HOOK_ARGUMENTS: list[dict[str, Any]] = [{"type": "jsonb", "position": 1}]
+
+
+async def load_hook(pool: AsyncConnectionPool[Any], job: JobDefinition) -> JobDefinition:
+    """The definition a hook's attempt runs under: the job's (principal, timeout, max_attempts), CALLing its
+    on_failure procedure with the failure document, always tried atomically first. Its call is None when the
+    job has no hook now (RESET since the hook was queued): the attempt then fails as a procedure gone does."""
+    async with pool.connection() as conn:
+        row = await (await conn.execute(LOAD_HOOK, (job.job_id,))).fetchone()
+    if row is None:
+        return dataclasses.replace(job, call=None, batch_call=None, non_atomic=False, batch=False)
+    return dataclasses.replace(job, signature=str(row[2]), call=build_call(row[0], row[1], HOOK_ARGUMENTS, ARGUMENTS),
+                               batch_call=None, non_atomic=False, batch=False)

@@ -24,7 +24,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from radixjobs.db import first_line
 from radixjobs.engine.attempt import AttemptRunner, Claim, Outcome, Pause
-from radixjobs.engine.definitions import DefinitionCache, JobDefinition, load_definition
+from radixjobs.engine.definitions import HOOK_KIND, DefinitionCache, JobDefinition, load_definition, load_hook
 from radixjobs.engine.inflight import InFlight
 from radixjobs.engine.outcomes import OutcomeRecorder
 from radixjobs.engine.principals import LoginFailed, PrincipalPools
@@ -84,7 +84,9 @@ class LeaseRunner:
 
     async def execute(self, job: JobDefinition, claim: Claim, next_planned: int | None) -> str:
         """Run the attempt as its principal, then record its outcome; returns what the recorder's
-        ``finalise`` does."""
+        ``finalise`` does. An on_failure hook's claim CALLs the hook instead (definitions.load_hook)."""
+        if claim.run_kind == HOOK_KIND:
+            job = await load_hook(self._pool, job)
         if job.call is None:
             return await self._recorder.executed(job, claim, next_planned, Outcome(
                 False, True, False, sqlstate=PROCEDURE_GONE_SQLSTATE, message="procedure no longer exists"))

@@ -7,6 +7,7 @@ import asyncio
 import logging
 import os
 import socket
+from collections.abc import Sequence
 from typing import Any
 
 import psycopg
@@ -69,11 +70,12 @@ async def resume_previous_claims(control: psycopg.AsyncConnection[Any], node_id:
         log.info("resuming %d claim(s) of this node's previous life node=%s", cur.rowcount, node_id)
 
 
-async def listen(dsn: str) -> psycopg.AsyncConnection[Any]:
-    """A connection listening on CHANNELS (its ``notifies()`` yields a change of a job or a document)."""
+async def listen(dsn: str, channels: Sequence[str] = CHANNELS) -> psycopg.AsyncConnection[Any]:
+    """A connection listening on ``channels`` (its ``notifies()`` yields a change of a job or a document, and
+    whatever else the caller listens to)."""
     conn = await psycopg.AsyncConnection.connect(scheduler_dsn(dsn), autocommit=True)
     try:
-        for channel in CHANNELS:
+        for channel in channels:
             await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
     except BaseException:
         await conn.close()

@@ -28,7 +28,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from radixjobs import retry
 from radixjobs.engine.attempt import Claim, Outcome, Pause
-from radixjobs.engine.definitions import JobDefinition
+from radixjobs.engine.definitions import HOOK_KIND, JobDefinition
 from radixjobs.engine.inflight import InFlight
 from radixjobs.engine.principals import PrincipalPools
 from radixjobs.engine.ticks import RECORD_LOST_TICK, Tick
@@ -45,8 +45,17 @@ SUCCESS_LINES_PER_S = 10
 
 FINISH_ATTEMPT = "SELECT radix.finish_attempt(%s, %s, %s, %s, %s, %s, %s, %s)"
 # An atomic attempt's marker (radix.end_atomic, radix.end_tick, radix.end_ticks) commits with it.
+# An on_failure hook's attempts share their tick's planned time: run_kind tells them from the tick's own.
 COMMITTED = ("SELECT EXISTS (SELECT 1 FROM radix.radix_system_job_history WHERE job_id = %s "
-             "AND planned_ns = %s AND attempt = %s AND status = 'succeeded')")
+             "AND planned_ns = %s AND attempt = %s AND status = 'succeeded' AND (run_kind = 'on_failure') = %s)")
+
+# A radix_events event checked against the history (any role may NOTIFY that channel): the job's qualified name
+# when that attempt of that tick is recorded failed, read with the scheduler's rights.
+FAILED_JOB_NAME = ("SELECT pg_catalog.quote_ident(j.schema_name) OPERATOR(pg_catalog.||) '.' OPERATOR(pg_catalog.||) "
+                   "pg_catalog.quote_ident(j.job_name) FROM radix.radix_system_job_history h "
+                   "JOIN radix.jobs j ON j.job_id OPERATOR(pg_catalog.=) h.job_id "
+                   "WHERE h.job_id = %s AND h.planned_ns = %s AND h.attempt = %s AND h.run_kind = %s "
+                   "AND h.status = 'failed'")
 
 
 class OutcomeRecorder:
@@ -66,12 +75,19 @@ class OutcomeRecorder:
         self._log_budget = SUCCESS_LINES_PER_S
         self._log_skipped = 0
 
-    async def committed(self, job_id: uuid.UUID, planned_ns: int, attempt: int) -> bool:
+    async def committed(self, job_id: uuid.UUID, planned_ns: int, attempt: int, hook: bool = False) -> bool:
         """Did an in-doubt atomic COMMIT land? Its marker says so in the history."""
         async with self._pool.connection() as conn:
-            cur = await conn.execute(COMMITTED, (job_id, planned_ns, attempt))
+            cur = await conn.execute(COMMITTED, (job_id, planned_ns, attempt, hook))
             row = await cur.fetchone()
         return bool(row and row[0])
+
+    async def failed_job_name(self, job_id: uuid.UUID, planned_ns: int, attempt: int, run_kind: str) -> str | None:
+        """The job's qualified name when that attempt of that tick is recorded failed, else None."""
+        async with self._pool.connection() as conn:
+            cur = await conn.execute(FAILED_JOB_NAME, (job_id, planned_ns, attempt, run_kind))
+            row = await cur.fetchone()
+        return None if row is None else str(row[0])
 
     async def executed(self, job: JobDefinition, claim: Claim, next_planned: int | None, outcome: Outcome) -> str:
         """The attempt ran (or could not start): record its outcome (``finalise``)."""
@@ -81,7 +97,8 @@ class OutcomeRecorder:
 
     async def finalise(self, job: JobDefinition, claim: Claim, next_planned: int | None, outcome: Outcome) -> str:
         """Record the outcome (fenced); returns succeeded / retrying / failed (by category)."""
-        if outcome.in_doubt and await self.committed(claim.job_id, claim.planned_ns, claim.attempt):
+        if outcome.in_doubt and await self.committed(claim.job_id, claim.planned_ns, claim.attempt,
+                                                     claim.run_kind == HOOK_KIND):
             outcome = Outcome.landed()
         if outcome.succeeded:
             self.counters["successes"] += 1

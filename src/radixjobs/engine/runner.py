@@ -53,6 +53,8 @@ from radixjobs.engine.work import WorkContext, WorkSource
 from radixjobs.fairness import LONG_ATTEMPT_S, Reserve, Served, principal_cap
 
 if TYPE_CHECKING:
+    import uuid
+
     from radixjobs.engine.observer import Observer
 
 log = logging.getLogger("radixjobs.engine")
@@ -208,6 +210,10 @@ class Engine:
         await self._pool.close()
         if self._control is not None:
             await self._control.close()
+
+    async def failed_job_name(self, job_id: uuid.UUID, planned_ns: int, attempt: int, run_kind: str) -> str | None:
+        """The job's name when that attempt of that tick is recorded failed (OutcomeRecorder.failed_job_name)."""
+        return await self._recorder.failed_job_name(job_id, planned_ns, attempt, run_kind)
 
     # -- dispatching and waiting (engine/dispatch.py) ----------------------------------------------
     async def claim_due(self, limit: int) -> list[Claim]:

@@ -36,6 +36,7 @@ from radixjobs.engine.slots import Slots
 from radixjobs.errors import ConfigError
 from radixjobs.observe import Observer
 from radixjobs.server.config import DaemonConfig
+from radixjobs.server.events import EventPoster
 from radixjobs.server.owner import DatabaseOwner
 
 log = logging.getLogger("radixjobs.server")
@@ -134,6 +135,7 @@ class Cluster:
         self.reachable: bool | None = None  # None until the first look
         self.looks = 0
         self.observer_for: Callable[[str], Observer] | None = None  # a database's telemetry (radixjobs.observe)
+        self.events: EventPoster | None = None  # serve --notify-url (server/events.py), shared by every owner
 
     def database_key(self, name: str) -> str:
         """The database's name in the daemon's views: its name, or with several targets host:port/name."""
@@ -198,6 +200,7 @@ class Cluster:
                               long_attempt_s=self.config.long_attempt_s)
         if self.observer_for is not None:
             owner.observer = self.observer_for(name)
+        owner.events = self.events
         self.owners[name] = (owner, asyncio.create_task(owner.run(), name=f"owner:{self.label}:{name}"))
         log.info("serving database db=%s node=%s cluster=%s", name, self.node_id, self.label)
 

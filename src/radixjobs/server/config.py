@@ -36,3 +36,4 @@ class DaemonConfig:
     tick_batch: int = BATCH_MAX  # ticks per batch under a backlog (engine/batches.py); 1: each tick alone
     reserved_slots: int | None = None  # per database: slots long attempts may not hold; None: a quarter
     long_attempt_s: float = LONG_ATTEMPT_S  # an attempt whose job's timeout is above this is long
+    notify_url: str | None = None  # radix_events POSTed here as JSON (server/events.py); None: not posted

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -18,6 +19,8 @@ from radixjobs.engine.slots import Slots
 from radixjobs.latency import Latencies
 from radixjobs.server.clusters import Cluster, cluster_health, make_clusters
 from radixjobs.server.config import DaemonConfig
+from radixjobs.server.events import COUNTER_KEYS as EVENT_COUNTER_KEYS
+from radixjobs.server.events import EventPoster
 from radixjobs.server.owner import DatabaseOwner
 
 log = logging.getLogger("radixjobs.server")
@@ -51,8 +54,10 @@ class Daemon:
         self.reloader: Callable[[], Coroutine[Any, Any, None]] | None = None  # SIGHUP (server/reload.py)
         self.latencies = Latencies()  # /metrics' histograms
         self.tracing = tracing if tracing is not None else observe.load_tracing()
+        self.events = EventPoster(config.notify_url) if config.notify_url else None
         for cluster in self.clusters:
             cluster.observer_for = self._observer
+            cluster.events = self.events
 
     @property
     def owners(self) -> dict[str, tuple[DatabaseOwner, asyncio.Task[None]]]:
@@ -86,10 +91,19 @@ class Daemon:
     # -- lifecycle -------------------------------------------------------------------------------
     async def run(self) -> None:
         """Serve until stop(): each target rediscovers its databases in its own task, with its own backoff
-        while it cannot be reached; then every owner stops at once."""
-        await asyncio.gather(*(asyncio.create_task(cluster.run(self.stopping), name=f"cluster:{cluster.label}")
-                               for cluster in self.clusters))
-        await self.shutdown()
+        while it cannot be reached; then every owner stops at once. With --notify-url, one more task posts the
+        events (server/events.py)."""
+        posting = asyncio.create_task(self.events.run(), name="events") if self.events is not None else None
+        try:
+            await asyncio.gather(*(asyncio.create_task(cluster.run(self.stopping), name=f"cluster:{cluster.label}")
+                                   for cluster in self.clusters))
+            await self.shutdown()
+        finally:
+            if posting is not None and self.events is not None:
+                posting.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await posting
+                await self.events.close()
 
     def stop(self) -> None:
         self.stopping.set()
@@ -137,6 +151,8 @@ class Daemon:
             for key, value in owner.counters().items():
                 if key in total:
                     total[key] += value
+        if self.events is not None:  # serve --notify-url
+            total.update({key: self.events.counters[key] for key in EVENT_COUNTER_KEYS})
         return total
 
     def status(self) -> dict[str, Any]:

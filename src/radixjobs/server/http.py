@@ -38,6 +38,7 @@ from radixjobs.server.connections import (
 from radixjobs.server.console import ConsoleAuth, SecurityHeaders
 from radixjobs.server.console.app import Console
 from radixjobs.server.daemon import Daemon
+from radixjobs.server.events import COUNTER_KEYS as EVENT_COUNTER_KEYS
 from radixjobs.server.hosts import AllowedHosts, HostCheck
 
 log = logging.getLogger("radixjobs.server")
@@ -73,6 +74,10 @@ class DaemonCollector(Collector):
             yield metric
         for key in DOCUMENT_COUNTER_KEYS:
             metric = CounterMetricFamily(f"radixjobs_{key}", f"CRON_TABLE documents: {key[4:]}")
+            metric.add_metric([], counters.get(key, 0))
+            yield metric
+        for key in EVENT_COUNTER_KEYS:  # serve --notify-url (0 without it)
+            metric = CounterMetricFamily(f"radixjobs_{key}", f"radix_events for --notify-url: {key[7:]}")
             metric.add_metric([], counters.get(key, 0))
             yield metric
         failures = CounterMetricFamily("radixjobs_failures", "Failed attempts by cause category",

@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import logging
 import random
+import uuid
 from collections.abc import Mapping
 from typing import Any
 
@@ -17,11 +18,12 @@ from radixjobs.documents.runner import Documents
 from radixjobs.engine import Engine
 from radixjobs.engine.batches import BATCH_MAX
 from radixjobs.engine.leases import DEFAULT_LEASE_S
-from radixjobs.engine.nodes import listen
+from radixjobs.engine.nodes import CHANNELS, listen
 from radixjobs.engine.slots import Slots
 from radixjobs.fairness import LONG_ATTEMPT_S
 from radixjobs.observe import Observer
 from radixjobs.preflight import log_principal_checks
+from radixjobs.server.events import EVENTS_CHANNEL, EventPoster, parse_event
 
 log = logging.getLogger("radixjobs.server")
 
@@ -61,6 +63,7 @@ class DatabaseOwner:
         self.engines_counters: list[dict[str, int]] = []  # counters of engines replaced after errors
         self._preflight: asyncio.Task[None] | None = None
         self.observer: Observer | None = None  # given to its engine and its documents
+        self.events: EventPoster | None = None  # serve --notify-url: radix_events are handed to it
 
     async def run(self) -> None:
         """Serve until ``stop``; reconnect with jittered exponential backoff on connection loss."""
@@ -114,7 +117,7 @@ class DatabaseOwner:
         engine.observer = self.observer
         await engine.start()
         self.engine, self.documents = engine, documents
-        listener = await listen(self.dsn)
+        listener = await listen(self.dsn, (*CHANNELS, EVENTS_CHANNEL) if self.events is not None else CHANNELS)
         try:
             self.connected = True
             notify_task = asyncio.create_task(self._listen(listener))
@@ -160,10 +163,20 @@ class DatabaseOwner:
                 await self.wake.wait()
 
     async def _listen(self, listener: psycopg.AsyncConnection[Any]) -> None:
-        async for _ in listener.notifies():
+        async for notify in listener.notifies():
+            if notify.channel == EVENTS_CHANNEL:  # a tick failed for good: for --notify-url, never a wake-up
+                event = parse_event(self.name, notify.payload)
+                if event is not None and self.events is not None:
+                    self.events.offer(event, self._failed_job_name)
+                continue
             if self.engine is not None:
                 self.engine.poke()
             self.wake.set()
+
+    async def _failed_job_name(self, job_id: uuid.UUID, planned_ns: int, attempt: int, run_kind: str) -> str | None:
+        """An event checked against the history by the engine serving now (None: not recorded, or no engine)."""
+        engine = self.engine
+        return None if engine is None else await engine.failed_job_name(job_id, planned_ns, attempt, run_kind)
 
     async def _drop_engine(self) -> None:
         """After a connection failure: abandon the engine, keep its counts."""

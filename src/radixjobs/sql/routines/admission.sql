@@ -508,7 +508,7 @@ END $$;
 -- The job options' names, as errors list them.
 CREATE OR REPLACE FUNCTION radix._option_names() RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
-RETURN 'timeout, max_attempts, history, coalesce, batch, start_deadline, jitter, group, time_zone';
+RETURN 'timeout, max_attempts, history, coalesce, batch, start_deadline, jitter, group, time_zone, on_failure';
 
 -- Option `k` given as a positive interval string (start_deadline, jitter), in nanoseconds; raises naming the
 -- option for anything else (a number, a calendar unit, less than a millisecond).
@@ -547,7 +547,8 @@ END $$;
 -- 1000, "coalesce": "off", "batch": "on", "start_deadline": "10 minutes", "jitter": "30 seconds",
 -- "time_zone": "Europe/Berlin"}) -> their stored form {deadline_ms, max_attempts, history_limit,
 -- coalesce_ticks, batch_ticks, start_deadline_ns, jitter_ns, time_zone}, and "group": "etl" as given (the job's
--- owner is checked against the group's when the job joins, radix._group_for_job); raises naming the option for anything
+-- owner is checked against the group's when the job joins, radix._group_for_job), "on_failure": "app.alert" as
+-- given (resolved by radix._resolve_hook, checked by radix._check_hook); raises naming the option for anything
 -- else. Runs on the caller's side (an interval is read in the caller's session, like a constant).
 CREATE OR REPLACE FUNCTION radix._normalise_options(opts jsonb) RETURNS jsonb
 LANGUAGE plpgsql STABLE
@@ -612,6 +613,13 @@ BEGIN
                 RAISE EXCEPTION 'option group must be a job group''s name string, e.g. group = ''etl''' USING ERRCODE = '22023';
             END IF;
             out := out || jsonb_build_object('group', t);
+        WHEN 'on_failure' THEN
+            IF jsonb_typeof(v) <> 'string' THEN
+                RAISE EXCEPTION 'option on_failure must be a procedure''s name string, e.g. on_failure = ''app.alert'''
+                    USING ERRCODE = '22023';
+            END IF;
+            PERFORM radix._split_qualified(t, 'procedure');
+            out := out || jsonb_build_object('on_failure', t);
         WHEN 'time_zone' THEN
             IF NOT EXISTS (SELECT 1 FROM pg_timezone_names WHERE name = t) THEN
                 RAISE EXCEPTION 'option time_zone: unknown time zone %', quote_literal(t) USING ERRCODE = '22023';

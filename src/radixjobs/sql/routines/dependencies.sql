@@ -179,7 +179,8 @@ END;
 -- The tick `tick_ns` of `upstream` ended for good (`succeeded`, or failed after its retries), its marker
 -- written by this transaction: queue the tick of each dependent whose edge it satisfies (all of a fan-in's
 -- upstreams arrived), unless the dependent is disabled, its owner may no longer act for the upstream's, or
--- it has radix.max_requested_ticks() queued already. A RUN JOB's tick ('run') runs its job alone.
+-- it has radix.max_requested_ticks() queued already. A RUN JOB's tick ('run') runs its job alone, and an
+-- on_failure hook's run is not a tick of its job.
 CREATE OR REPLACE FUNCTION radix._fire_dependents(upstream uuid, tick_ns bigint, run_kind text,
                                                   succeeded boolean) RETURNS void
 LANGUAGE plpgsql VOLATILE
@@ -190,7 +191,7 @@ DECLARE
     d record;
     fired uuid[];
 BEGIN
-    IF run_kind = 'run' OR NOT EXISTS (SELECT 1 FROM radix.job_edges e WHERE e.upstream_id = upstream) THEN
+    IF run_kind IN ('run', 'on_failure') OR NOT EXISTS (SELECT 1 FROM radix.job_edges e WHERE e.upstream_id = upstream) THEN
         RETURN;
     END IF;
     FOR d IN

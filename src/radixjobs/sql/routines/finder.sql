@@ -177,7 +177,7 @@ CREATE OR REPLACE FUNCTION radix.claim_due(node text, max_claims integer, with_c
                                 max_long integer DEFAULT NULL, served oid[] DEFAULT NULL)
 RETURNS TABLE (job_id uuid, definition_version bigint, lease_token uuid, planned_ns bigint,
                attempt integer, idempotency_key text, resumed boolean, coalesced bigint,
-               anchor_ns bigint)
+               anchor_ns bigint, run_kind text)
 LANGUAGE plpgsql VOLATILE ROWS 16
 SET search_path = pg_catalog, pg_temp
 -- the statements' plans do not depend on the values (index scans by key, ordered by due_ns); custom
@@ -387,7 +387,7 @@ BEGIN
         RETURNING 1
     )
     SELECT c.job_id, c.definition_version, c.lease_token, c.planned_ns, c.attempt, c.idempotency_key,
-           c.resumed, c.coalesced, c.anchor_ns
+           c.resumed, c.coalesced, c.anchor_ns, c.run_kind
     FROM claimed c;
 
     -- resumed claims: the lost row was closed above; the new attempt gets its own row

@@ -87,8 +87,9 @@ BEGIN
 END $$;
 
 -- The stored arguments (radix.jobs.arguments) of the job whose attempt or tick runs in this transaction, when
--- its definition is still `version` (the one the engine rendered the CALL from); raises otherwise. Anyone may
--- call it: only a job's own attempt has its frame, so code learns nothing its CALL did not give it.
+-- its definition is still `version` (the one the engine rendered the CALL from); raises otherwise. An on_failure
+-- hook's attempt gets its one argument, the failure document (hooks.sql). Anyone may call it: only a job's own
+-- attempt has its frame, so code learns nothing its CALL did not give it.
 CREATE OR REPLACE FUNCTION radix.current_arguments(version bigint) RETURNS jsonb
 LANGUAGE plpgsql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -97,7 +98,9 @@ AS $$
 DECLARE
     stored jsonb;
 BEGIN
-    SELECT j.arguments INTO stored FROM radix.jobs j
+    SELECT CASE WHEN s.request_kind = 'on_failure' THEN jsonb_build_array(jsonb_build_object('value', s.request_detail))
+                ELSE j.arguments END
+    INTO stored FROM radix.jobs j JOIN radix.radix_system_job_state s ON s.job_id = j.job_id
     WHERE j.job_id = (radix._frame()).job_id AND j.definition_version = version;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'no arguments for this call: not inside a radixjobs attempt, or its job changed since it began'

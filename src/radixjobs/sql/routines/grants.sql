@@ -68,6 +68,11 @@ GRANT EXECUTE ON FUNCTION
     radix._normalise_options(jsonb)
     TO PUBLIC;
 
+-- hooks.sql
+GRANT EXECUTE ON FUNCTION
+    radix._resolve_hook(jsonb)
+    TO PUBLIC;
+
 -- jobs.sql
 GRANT EXECUTE ON FUNCTION
     radix._job_dependents(name,text),

@@ -155,6 +155,7 @@ SET jit = off
 AS $$
 DECLARE
     r text;
+    hook jsonb;
 BEGIN
     FOREACH r IN ARRAY coalesce(reset, '{}') LOOP
         CASE r
@@ -166,6 +167,7 @@ BEGIN
         WHEN 'start_deadline' THEN j.start_deadline_ns := NULL;
         WHEN 'jitter' THEN j.jitter_ns := NULL;
         WHEN 'group' THEN j.group_id := NULL;
+        WHEN 'on_failure' THEN j.on_failure_oid := NULL; j.on_failure_signature := NULL;
         WHEN 'time_zone' THEN
             IF j.schedule_kind = 'cron' THEN j.cron_time_zone := 'UTC'; END IF;
         ELSE
@@ -183,6 +185,11 @@ BEGIN
     j.jitter_ns := coalesce((opts->>'jitter_ns')::bigint, j.jitter_ns);
     IF opts ? 'group' THEN
         j.group_id := radix._group_for_job(j.owner_oid, opts->>'group');
+    END IF;
+    IF opts ? 'on_failure' THEN
+        hook := radix._check_hook(opts->>'on_failure', opts->'on_failure_binding');
+        j.on_failure_oid := (hook->>'oid')::oid;
+        j.on_failure_signature := hook->>'signature';
     END IF;
     IF opts ? 'time_zone' THEN
         IF j.schedule_kind <> 'cron' THEN
@@ -256,7 +263,8 @@ END $$;
 -- job has none: it is scheduled with no due time, and runs the ticks its upstreams queue).
 -- `keep_anchor` keeps an EVERY job's grid anchor (ALTER ... SET, CREATE OR
 -- REPLACE) unless STARTING AT gives one; a completed one-time job stays complete only for the same AT
--- time; DISABLE drops the queued requests, any other re-arm puts a request in flight back in the queue.
+-- time; DISABLE drops the queued requests but the on_failure hooks owed, any other re-arm puts a request in
+-- flight back in the queue; a job without an on_failure procedure owes no hook.
 CREATE OR REPLACE FUNCTION radix._rearm(j radix.jobs, keep_anchor boolean) RETURNS void
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
@@ -288,11 +296,15 @@ BEGIN
             new_status := 'complete';
         END IF;
     END IF;
-    IF NOT j.enabled THEN
-        DELETE FROM radix.job_requests WHERE job_id = j.job_id;
-    ELSIF old.request_kind IS NOT NULL THEN
-        INSERT INTO radix.job_requests (job_id, planned_ns, kind, requested_by)
-        VALUES (j.job_id, old.planned_ns, old.request_kind, j.owner_name) ON CONFLICT DO NOTHING;
+    IF NOT j.enabled THEN  -- a hook owed is kept (radix._failed_for_good): it runs for a disabled job too
+        DELETE FROM radix.job_requests WHERE job_id = j.job_id AND kind <> 'on_failure';
+    END IF;
+    IF old.request_kind IS NOT NULL AND (j.enabled OR old.request_kind = 'on_failure') THEN
+        INSERT INTO radix.job_requests (job_id, planned_ns, kind, requested_by, detail)
+        VALUES (j.job_id, old.planned_ns, old.request_kind, j.owner_name, old.request_detail) ON CONFLICT DO NOTHING;
+    END IF;
+    IF j.on_failure_oid IS NULL THEN
+        DELETE FROM radix.job_requests WHERE job_id = j.job_id AND kind = 'on_failure';
     END IF;
     UPDATE radix.radix_system_job_history h SET status = 'lease_lost', finished_at = clock_timestamp(),
         error = radix._lease_lost(jsonb_build_object('reason', 'job redefined'))
@@ -306,7 +318,7 @@ BEGIN
         idempotency_key = CASE WHEN done THEN j.job_id::text || '/' || j.at_ns::text END,
         lease_node = NULL, lease_token = NULL, lease_expires_at = NULL,
         last_error = CASE WHEN done THEN last_error END,
-        request_kind = NULL, stash = NULL,
+        request_kind = NULL, stash = NULL, request_detail = NULL,
         fence_node = CASE WHEN old.status = 'running' THEN old.lease_node ELSE old.fence_node END,
         fence_token = CASE WHEN old.status = 'running' THEN old.lease_token ELSE old.fence_token END,
         updated_at = clock_timestamp()
@@ -335,8 +347,8 @@ END;
 -- side, checked against the catalog; a new name: CREATE on its schema). Options: `reset` names go back to
 -- their defaults, then the schedule is set, then `opts` (normalised) apply. Returns false when nothing
 -- changed; otherwise definition_version is bumped, and the state re-armed unless only the name, history,
--- max_attempts, batch, start deadline, group or upstreams changed (a tick found before such a change still
--- runs; radix.start_ticks reads batch again when it starts a batch).
+-- max_attempts, batch, start deadline, group, on_failure or upstreams changed (a tick found before such a
+-- change still runs; radix.start_ticks reads batch again when it starts a batch).
 CREATE OR REPLACE FUNCTION radix._change_job(creator name, job text, enabled boolean, schedule jsonb, run_as text,
                                   procedure text, binding jsonb, opts jsonb, reset text[], rename_to text)
 RETURNS boolean
@@ -406,10 +418,10 @@ BEGIN
     PERFORM radix._check_jitter(n);
     quiet := (edges_changed
               OR (n.schema_name, n.job_name, n.history_limit, n.max_attempts, n.batch_ticks, n.start_deadline_ns,
-                  n.group_id)
+                  n.group_id, n.on_failure_oid, n.on_failure_signature)
                  IS DISTINCT FROM
                  (j.schema_name, j.job_name, j.history_limit, j.max_attempts, j.batch_ticks, j.start_deadline_ns,
-                  j.group_id))
+                  j.group_id, j.on_failure_oid, j.on_failure_signature))
          AND (n.principal_oid, n.procedure_oid, n.procedure_signature, n.arguments, n.schedule_kind, n.interval_ns,
               n.starting_at_ns, n.at_ns, n.cron_expression, n.cron_time_zone, n.enabled, n.deadline_ms,
               n.coalesce_ticks, n.jitter_ns)
@@ -427,7 +439,8 @@ BEGIN
             enabled = n.enabled, deadline_ms = n.deadline_ms, max_attempts = n.max_attempts,
             history_limit = n.history_limit, coalesce_ticks = n.coalesce_ticks, batch_ticks = n.batch_ticks,
             start_deadline_ns = n.start_deadline_ns, jitter_ns = n.jitter_ns, non_atomic = n.non_atomic,
-            group_id = n.group_id, definition_version = j.definition_version + 1
+            group_id = n.group_id, on_failure_oid = n.on_failure_oid, on_failure_signature = n.on_failure_signature,
+            definition_version = j.definition_version + 1
         WHERE job_id = j.job_id RETURNING * INTO n;
     EXCEPTION WHEN lock_not_available THEN
         -- a new name changes a key column: that waits for a running atomic attempt (its KEY SHARE lock)
@@ -437,6 +450,9 @@ BEGIN
     PERFORM pg_catalog.set_config('lock_timeout', prior_timeout, true);
     IF quiet THEN
         UPDATE radix.radix_system_job_state SET definition_version = n.definition_version WHERE job_id = n.job_id;
+        IF n.on_failure_oid IS NULL THEN  -- RESET (on_failure): the hooks still queued are owed no more
+            DELETE FROM radix.job_requests WHERE job_id = n.job_id AND kind = 'on_failure';
+        END IF;
     ELSE
         PERFORM radix._rearm(n, j.enabled AND n.enabled
                                 AND n.starting_at_ns IS NOT DISTINCT FROM j.starting_at_ns);
@@ -469,7 +485,7 @@ BEGIN
     RETURN radix._change_job(current_user, job, enabled, schedule, run_as, procedure,
                              CASE WHEN procedure IS NOT NULL
                                   THEN radix._resolve_call(proc_parts[1], proc_parts[2], args) END,
-                             radix._normalise_options(options), reset, rename_to);
+                             radix._resolve_hook(radix._normalise_options(options)), reset, rename_to);
 END $$;
 
 CREATE OR REPLACE FUNCTION radix._create_job(creator name, job text, schedule jsonb, run_as text, procedure text,
@@ -505,13 +521,14 @@ BEGIN
                             procedure_oid, procedure_signature, arguments, schedule_kind, interval_ns,
                             starting_at_ns, at_ns, cron_expression, cron_time_zone, enabled, deadline_ms,
                             max_attempts, history_limit, coalesce_ticks, batch_ticks, start_deadline_ns,
-                            jitter_ns, group_id)
+                            jitter_ns, group_id, on_failure_oid, on_failure_signature)
     VALUES (job_parts[1], job_parts[2], caller, (SELECT rolname FROM pg_roles WHERE oid = caller),
             principal.oid, principal.rolname, (bound->>'procedure_oid')::oid, bound->>'signature',
             bound->'arguments', j.schedule_kind, j.interval_ns, j.starting_at_ns, j.at_ns, j.cron_expression,
             j.cron_time_zone, coalesce(enabled, true), coalesce(j.deadline_ms, 240000),
             coalesce(j.max_attempts, 5), coalesce(j.history_limit, 256), coalesce(j.coalesce_ticks, true),
-            coalesce(j.batch_ticks, false), j.start_deadline_ns, j.jitter_ns, j.group_id)
+            coalesce(j.batch_ticks, false), j.start_deadline_ns, j.jitter_ns, j.group_id, j.on_failure_oid,
+            j.on_failure_signature)
     RETURNING * INTO j;
     PERFORM radix._set_edges(j, sched->'after', caller);
     PERFORM radix._rearm(j, false);
@@ -539,7 +556,7 @@ BEGIN
     IF or_replace AND if_not_exists THEN
         RAISE EXCEPTION 'CREATE OR REPLACE JOB cannot take IF NOT EXISTS' USING ERRCODE = '42601';
     END IF;
-    opts := radix._normalise_options(options);
+    opts := radix._resolve_hook(radix._normalise_options(options));
     IF timeout IS NOT NULL THEN
         opts := opts || radix._normalise_options(jsonb_build_object('timeout', timeout::text));
     ELSIF NOT opts ? 'deadline_ms' AND deadline_ms IS NOT NULL THEN

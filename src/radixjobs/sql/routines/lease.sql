@@ -45,13 +45,16 @@ DECLARE
     started timestamptz := (SELECT a.backend_start FROM pg_stat_get_activity(pg_backend_pid()) a);
     c record;
 BEGIN
-    SELECT s.attempt, s.planned_ns, s.idempotency_key, s.lease_token, j.procedure_signature,
+    SELECT s.attempt, s.planned_ns, s.idempotency_key, s.lease_token, h.signature AS procedure_signature,
            r.refused
     INTO c
     FROM radix.radix_system_job_state s
     JOIN radix.jobs j ON j.job_id = s.job_id
-    LEFT JOIN pg_proc p ON p.oid = j.procedure_oid AND p.prokind = 'p'
-                       AND p.oid::regprocedure::text = j.procedure_signature
+    -- the procedure this attempt CALLs: the job's, or its on_failure hook's (hooks.sql)
+    CROSS JOIN LATERAL (SELECT CASE WHEN s.request_kind = 'on_failure' THEN j.on_failure_oid ELSE j.procedure_oid END,
+                               CASE WHEN s.request_kind = 'on_failure' THEN j.on_failure_signature
+                                    ELSE j.procedure_signature END) AS h(oid, signature)
+    LEFT JOIN pg_proc p ON p.oid = h.oid AND p.prokind = 'p' AND p.oid::regprocedure::text = h.signature
     CROSS JOIN LATERAL radix._refusal(j.principal_oid, j.owner_oid, p.oid, p.pronamespace) r
     CROSS JOIN radix.attempt_secret k
     WHERE s.job_id = job AND s.status = 'running'

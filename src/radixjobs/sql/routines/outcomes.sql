@@ -48,8 +48,9 @@ RETURN planned_ns + greatest((now_ns - planned_ns) / interval_ns
 
 -- The state advance: the job's next tick after an attempt, fenced by its lease token (false: the token no
 -- longer holds the claim). A request's tick ends by putting the stashed regular state back (a backfill tick that
--- succeeded is recorded in radix.backfill_done first); the ticks of the jobs that run after it are queued
--- (radix._fire_dependents); then the next queued request, if any, is installed.
+-- succeeded is recorded in radix.backfill_done first; an on_failure hook's tick leaves the job's last error as it
+-- was); a tick that failed for good queues its hook and event (radix._failed_for_good); the ticks of the jobs
+-- that run after it are queued (radix._fire_dependents); then the next queued request, if any, is installed.
 CREATE OR REPLACE FUNCTION radix._advance(job uuid, token uuid, next_planned_ns bigint, succeeded boolean,
                                           error jsonb) RETURNS boolean
 LANGUAGE plpgsql VOLATILE
@@ -73,8 +74,9 @@ BEGIN
             status = s.stash->>'status', planned_ns = (s.stash->>'planned_ns')::bigint,
             due_ns = (s.stash->>'due_ns')::bigint, attempt = (s.stash->>'attempt')::integer,
             idempotency_key = s.stash->>'idempotency_key',
-            last_error = CASE WHEN succeeded THEN s.stash->'last_error' ELSE coalesce(error, s.last_error) END,
-            request_kind = NULL, stash = NULL,
+            last_error = CASE WHEN succeeded OR s.request_kind = 'on_failure' THEN s.stash->'last_error'
+                              ELSE coalesce(error, s.last_error) END,
+            request_kind = NULL, stash = NULL, request_detail = NULL,
             lease_node = NULL, lease_token = NULL, lease_expires_at = NULL, updated_at = clock_timestamp()
         WHERE job_id = job AND lease_token = token AND status = 'running';
     ELSE
@@ -89,6 +91,9 @@ BEGIN
     END IF;
     IF NOT FOUND THEN  -- re-armed or taken over since the read above (the token is the fence)
         RETURN false;
+    END IF;
+    IF NOT succeeded THEN  -- for good: the on_failure hook owed, the radix_events event (hooks.sql)
+        PERFORM radix._failed_for_good(s, error);
     END IF;
     IF EXISTS (SELECT 1 FROM radix.job_edges e WHERE e.upstream_id = job) THEN
         PERFORM radix._fire_dependents(job, s.planned_ns, coalesce(s.request_kind, 'schedule'), succeeded);
@@ -134,7 +139,7 @@ BEGIN
     UPDATE radix.radix_system_job_history SET status = outcome, error = finish_attempt.error,
         finished_at = clock_timestamp(), atomic = finish_attempt.atomic
     WHERE job_id = job AND planned_ns = s.planned_ns AND attempt = s.attempt AND status = 'running';
-    IF mark_non_atomic THEN
+    IF mark_non_atomic AND s.request_kind IS DISTINCT FROM 'on_failure' THEN  -- the hook's, not the job's
         UPDATE radix.jobs SET non_atomic = true WHERE job_id = job AND NOT non_atomic;
     END IF;
     DELETE FROM radix.attempt_frames WHERE job_id = job AND lease_token = token;

@@ -83,15 +83,16 @@ BEGIN
     IF NOT FOUND OR s.status IN ('running', 'retry_wait') OR s.request_kind IS NOT NULL THEN
         RETURN false;
     END IF;
+    -- an on_failure hook owed goes first (hooks.sql), then the oldest tick
     DELETE FROM radix.job_requests q
     WHERE (q.job_id, q.planned_ns) = (SELECT o.job_id, o.planned_ns FROM radix.job_requests o
-                                      WHERE o.job_id = job ORDER BY o.planned_ns LIMIT 1)
+                                      WHERE o.job_id = job ORDER BY o.kind <> 'on_failure', o.planned_ns LIMIT 1)
     RETURNING * INTO r;
     UPDATE radix.radix_system_job_state SET
         stash = jsonb_build_object('status', s.status, 'planned_ns', s.planned_ns, 'due_ns', s.due_ns,
                                    'attempt', s.attempt, 'idempotency_key', s.idempotency_key,
                                    'last_error', s.last_error),
-        request_kind = r.kind, status = 'scheduled', planned_ns = r.planned_ns,
+        request_kind = r.kind, request_detail = r.detail, status = 'scheduled', planned_ns = r.planned_ns,
         due_ns = radix.to_ns(clock_timestamp()), attempt = 0, idempotency_key = NULL,
         updated_at = clock_timestamp()
     WHERE job_id = job;

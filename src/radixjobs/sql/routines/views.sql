@@ -57,7 +57,7 @@ SELECT j.job_id, quote_ident(j.schema_name) || '.' || quote_ident(j.job_name) AS
        (SELECT count(*) FROM radix.job_requests q WHERE q.job_id = j.job_id) AS queued_runs,
        s.anchor_ns,
        (SELECT g.group_name FROM radix.job_groups g WHERE g.group_id = j.group_id) AS group_name,
-       g.upstreams, g.downstreams
+       j.on_failure_signature AS on_failure, g.upstreams, g.downstreams
 FROM radix.jobs j LEFT JOIN radix.radix_system_job_state s USING (job_id)
 CROSS JOIN LATERAL (
     SELECT coalesce(jsonb_agg(x.edge ORDER BY x.name) FILTER (WHERE x.up), '[]') AS upstreams,
