@@ -1,4 +1,4 @@
-"""The console's presentation helpers: schedules in words, percentiles, chart geometry."""
+"""The console's presentation helpers: schedules in words, relative times, percentiles."""
 
 from __future__ import annotations
 
@@ -27,23 +27,3 @@ def test_relative_and_percentiles() -> None:
     assert present.percentile([], 0.5) is None
     assert present.percentile([3.0, 1.0, 2.0], 0.5) == 2.0
     assert present.percentile([float(i) for i in range(1, 101)], 0.99) == 99.0
-
-
-def _attempt(age_s: float, late_s: float, status: str = "succeeded", attempt: int = 1) -> dict[str, object]:
-    started = NOW - dt.timedelta(seconds=age_s)
-    return {"started_at": started, "finished_at": started + dt.timedelta(seconds=1), "attempt": attempt,
-            "status": status, "duration_s": 1.0, "lateness_s": late_s}
-
-
-def test_lateness_chart_counts_first_attempts_of_the_last_hour() -> None:
-    chart = present.lateness_chart([_attempt(10, 0.5), _attempt(20, 1.5), _attempt(30, 9, attempt=2),
-                                    _attempt(4000, 99)], NOW)
-    assert chart["samples"] == 2
-    assert chart["p99_all"] == "1.5 s"
-
-
-def test_timeline_places_attempts_in_the_window() -> None:
-    chart = present.timeline([_attempt(300, 0.1), _attempt(900, 0.1), _attempt(60, 2, "failed", 2)], NOW, 600)
-    assert len(chart["bars"]) == 2  # the one 900 s ago is outside the 10-minute window
-    assert {b["cls"] for b in chart["bars"]} == {"ok", "bad"}
-    assert all(0 <= float(b["x"]) <= chart["width"] for b in chart["bars"])

@@ -135,6 +135,7 @@ def make_app(daemon: Daemon, auth: ConsoleAuth | None = None, allowed_hosts: All
     console = Console(daemon, auth or ConsoleAuth())
     return Starlette(routes=[Route("/status", status), Route("/metrics", metrics), Route("/healthz", healthz),
                              *console.routes()],
+                     exception_handlers={404: console.not_found},
                      middleware=[Middleware(SecurityHeaders), Middleware(
                          HostCheck, allowed=allowed_hosts or AllowedHosts.default(DEFAULT_HTTP.rpartition(":")[0]))])
 

@@ -29,8 +29,9 @@ from starlette.responses import HTMLResponse, PlainTextResponse, RedirectRespons
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
+from radixjobs.catalog import describe_arguments
 from radixjobs.db import first_line
-from radixjobs.server.console import present, queries
+from radixjobs.server.console import charts, present, queries
 from radixjobs.server.console.auth import ConsoleAuth, LoginThrottled, Session, bounded_dsn, role_dsn
 from radixjobs.server.console.forms import read_form
 from radixjobs.server.console.login import Login
@@ -75,7 +76,8 @@ class Console:
         self.env = Environment(loader=FileSystemLoader(HERE / "templates"), autoescape=select_autoescape(
             default=True, default_for_string=True), trim_blocks=True, lstrip_blocks=True)
         self.env.globals.update(iso=present.iso, relative=present.relative, seconds=present.seconds,
-                                outcome_class=present.outcome_class, schedule_words=present.schedule_words)
+                                outcome_class=present.outcome_class, schedule_words=present.schedule_words,
+                                describe_arguments=describe_arguments)
         self.env.filters["pretty"] = present.pretty
 
     # -- plumbing -----------------------------------------------------------------------------------
@@ -154,11 +156,13 @@ class Console:
             if row["status"] in ("failed", "lease_lost", "missed"):
                 key = row["category"] or row["status"]
                 failures[key] = failures.get(key, 0) + 1
-        slots = self.daemon.slots
+        # the daemon's own figures (nodes, slots, counters, attempts running) are the operator's to see
+        operator = self.auth.mode == "token" or (bool(per_db) and all(d["nodes_visible"] for d in per_db))
         return self.render(request, session, "overview.html", page="overview", per_db=per_db, errors=errors,
-                           nodes=sorted(nodes.values(), key=lambda n: n["node_id"]), slots=slots,
+                           nodes=sorted(nodes.values(), key=lambda n: n["node_id"]), slots=self.daemon.slots,
                            attempts_min=len(minute), attempts_hour=len(all_recent), failures=failures,
-                           counters=self.daemon.counters(), chart=present.lateness_chart(all_recent, now))
+                           counters=self.daemon.counters(), chart=charts.lateness_chart(all_recent, now),
+                           operator=operator)
 
     async def jobs(self, request: Request, session: Session) -> Response:
         params = request.query_params
@@ -204,7 +208,7 @@ class Console:
             row = queries.job(conn, job_id)
             if row is None:
                 return {"row": None}
-            return {"row": row,
+            return {"row": row, "running_since": queries.running_since(conn, [job_id]).get(job_id),
                     "timeline": queries.history(conn, job_id, since_s=window_s, limit=queries.TIMELINE_MAX),
                     "history": queries.history(conn, job_id, status=status, before=before)}
 
@@ -218,10 +222,10 @@ class Console:
         history = data["history"]
         older = history[-1]["history_id"] if len(history) == queries.HISTORY_PAGE else None
         return self.render(request, session, "job.html", page="jobs", db=database, job=data["row"],
-                           history=history, older=older, window=window,
+                           history=history, older=older, window=window, running_since=data["running_since"],
                            windows=present.WINDOWS, status=status, statuses=HISTORY_STATUSES,
-                           chart=present.timeline(data["timeline"], _now(), window_s),
-                           graph=present.dependency_graph(data["row"]))
+                           chart=charts.timeline(data["timeline"], _now(), window_s),
+                           graph=charts.dependency_graph(data["row"]))
 
     async def document(self, request: Request, session: Session) -> Response:
         database, num = request.path_params["db"], request.path_params["num"]
@@ -253,6 +257,13 @@ class Console:
             processes.extend({**r, "db": name} for r in data["processes"])
         return self.render(request, session, "live.html", page="live", attempts=attempts, processes=processes,
                            errors=errors)
+
+    async def not_found(self, request: Request, exc: Exception) -> Response:
+        """Any path no route serves: the page layout with a way back for a browser, plain text otherwise."""
+        if "text/html" not in request.headers.get("accept", ""):
+            return PlainTextResponse("Not Found", status_code=404)
+        return self.render(request, self.auth.peek(request), "missing.html", status_code=404,
+                           what="no page at this address")
 
     # -- actions ----------------------------------------------------------------------------------------
     async def confirm(self, request: Request, session: Session) -> Response:

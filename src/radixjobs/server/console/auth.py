@@ -145,6 +145,13 @@ class ConsoleAuth:
         session.last_seen = time.monotonic()
         return session
 
+    def peek(self, request: Request) -> Session | None:
+        """The request's cookie session, looked up only: its idle time is not renewed (None: anonymous)."""
+        session = self.sessions.get(request.cookies.get(COOKIE, ""))
+        if session is None or time.monotonic() - session.last_seen > IDLE_S:
+            return None
+        return session
+
     # -- CSRF ---------------------------------------------------------------------------------------
     @staticmethod
     def same_origin(request: Request) -> bool:

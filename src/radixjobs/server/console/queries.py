@@ -1,8 +1,8 @@
 """What the console reads and does, one database connection at a time.
 
 Invariants:
-- Every read goes through radix.job_overview, job_history, document_overview and document_processes
-  (and radix.nodes, which only the operator may read): PostgreSQL decides which rows the connected role
+- Every read goes through radix.job_overview, job_history, document_overview, document_processes and
+  node_overview (rows for operators only): PostgreSQL decides which rows the connected role
   sees, so the console shows a role nothing it could not select itself.
 - Every action calls the same SQL function a SQL user calls (radix.run_job, radix.alter_job,
   radix.apply_documents), so admission is the database's.
@@ -78,8 +78,8 @@ CLAIMS = """
 SELECT o.lease_node AS node, pg_catalog.count(*) AS claims FROM radix.job_overview o
 WHERE o.status OPERATOR(pg_catalog.=) 'running' GROUP BY o.lease_node"""
 NODES = """
-SELECT n.node_id, n.hostname, n.pid, n.started_at, n.last_seen, radix.node_alive(n.node_id) AS alive
-FROM radix.nodes n ORDER BY n.node_id COLLATE "C" LIMIT 100"""
+SELECT n.node_id, n.hostname, n.pid, n.last_seen AS registered_at, n.alive
+FROM radix.node_overview n ORDER BY n.node_id COLLATE "C" LIMIT 100"""
 LIVE = """
 SELECT h.history_id, h.job_id, h.name, h.attempt, h.started_at, h.planned_at, h.idempotency_key, h.node,
        o.deadline_ms, pg_catalog.date_part('epoch', pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-)
@@ -102,6 +102,12 @@ WHERE h.job_id OPERATOR(pg_catalog.=) %(job)s::pg_catalog.uuid
   AND (%(since_s)s::pg_catalog.float8 IS NULL OR h.started_at OPERATOR(pg_catalog.>)
        (pg_catalog.now() OPERATOR(pg_catalog.-) pg_catalog.make_interval(secs => %(since_s)s::pg_catalog.float8)))
 ORDER BY h.history_id DESC LIMIT %(limit)s::pg_catalog.int8"""
+RUNNING_SINCE = """
+SELECT k.key, (SELECT h.started_at FROM radix.job_history h
+               WHERE h.job_id OPERATOR(pg_catalog.=) k.key::pg_catalog.uuid
+                 AND h.status OPERATOR(pg_catalog.=) 'running'
+               ORDER BY h.history_id DESC LIMIT 1) AS started_at
+FROM pg_catalog.unnest(%s::pg_catalog.text[]) AS k(key)"""
 DOCUMENT = "SELECT * FROM radix.document_overview d WHERE d.num OPERATOR(pg_catalog.=) %s::pg_catalog.text"
 PROCESSES = """
 SELECT p.*, pg_catalog.date_part('epoch', p.duration) AS duration_s FROM radix.document_processes p
@@ -119,8 +125,9 @@ def count_items(conn: Conn, state: str | None, text: str | None) -> int:
 
 
 def page_items(conn: Conn, state: str | None, text: str | None, offset: int, limit: int) -> tuple[list[Row], int]:
-    """One page of jobs and documents, each with its last ``STRIP`` outcomes (oldest first), and how many
-    match in all (one scan when the page has rows; ``limit`` 0: the count only)."""
+    """One page of jobs and documents, each with its last ``STRIP`` outcomes (oldest first) and the start
+    of its running attempt (``running_since``), and how many match in all (one scan when the page has
+    rows; ``limit`` 0: the count only)."""
     rows = conn.execute(PAGE_ITEMS, {"state": state, "text": text, "offset": offset, "limit": limit}).fetchall() \
         if limit > 0 else []
     total = int(rows[0]["total_count"]) if rows else count_items(conn, state, text)
@@ -130,20 +137,21 @@ def page_items(conn: Conn, state: str | None, text: str | None, offset: int, lim
         if keys:
             for s in conn.execute(query, (STRIP, keys)).fetchall():
                 strips[(kind, s["key"])] = list(s["strip"] or [])
+    started = running_since(conn, [r["key"] for r in rows if r["kind"] == "job" and r["state"] == "running"])
     for row in rows:
         row["strip"] = strips.get((row["kind"], row["key"]), [])
         row["last_outcome"] = row["strip"][-1] if row["strip"] else None
+        row["running_since"] = started.get(row["key"]) if row["kind"] == "job" else None
     return rows, total
 
 
 def overview(conn: Conn) -> Row:
-    """Last hour's attempts (bounded), claims held per node, the nodes when the role may read them."""
+    """Last hour's attempts (bounded), claims held per node, the nodes (None: the role is no operator and
+    sees no node, see radix._is_operator)."""
     recent = conn.execute(RECENT).fetchall()
     claims = {r["node"]: int(r["claims"]) for r in conn.execute(CLAIMS).fetchall()}
-    try:
-        nodes: list[Row] | None = conn.execute(NODES).fetchall()
-    except psycopg.errors.InsufficientPrivilege:
-        nodes = None
+    row = conn.execute("SELECT radix._is_operator() AS operator").fetchone()
+    nodes = conn.execute(NODES).fetchall() if row and row["operator"] else None
     return {"recent": recent, "claims": claims, "nodes": nodes}
 
 
@@ -153,6 +161,14 @@ def live(conn: Conn) -> Row:
 
 def job(conn: Conn, job_id: str) -> Row | None:
     return conn.execute(JOB, (job_id,)).fetchone()
+
+
+def running_since(conn: Conn, job_ids: list[str]) -> dict[str, Any]:
+    """When each job's newest running attempt started (None: none is running, or not yet visible: an
+    atomic tick's attempt row commits with the tick)."""
+    if not job_ids:
+        return {}
+    return {r["key"]: r["started_at"] for r in conn.execute(RUNNING_SINCE, (job_ids,)).fetchall()}
 
 
 def history(conn: Conn, job_id: str, status: str | None = None, before: int | None = None,

@@ -25,7 +25,9 @@ function formatTimes(root) {
   });
   root.querySelectorAll("tspan.tick").forEach((el) => {
     const date = new Date(el.dataset.at);
-    if (!isNaN(date)) el.textContent = date.toLocaleTimeString([], {hour: "2-digit", minute: "2-digit"});
+    if (isNaN(date)) return;
+    el.textContent = "day" in el.dataset ? date.toLocaleDateString([], {month: "short", day: "numeric"})
+      : date.toLocaleTimeString([], {hour: "2-digit", minute: "2-digit"});
   });
 }
 
