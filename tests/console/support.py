@@ -7,9 +7,11 @@ import shutil
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from radixjobs.documents import store
 from tests.acceptance.serving import Serve
 from tests.apps import App
 
@@ -51,3 +53,13 @@ def request(url: str, method: str = "GET", headers: dict[str, str] | None = None
 class NoRedirect(urllib.request.HTTPRedirectHandler):
     def redirect_request(self, *args: object, **kwargs: object) -> None:
         return None
+
+
+def apply_document(app: App, num: int = 101, status: str = "CRON_TABLE_ACTIVE") -> None:
+    """A CRON_TABLE document that calls app.archive_logs hourly (when ACTIVE)."""
+    app.conn.execute("CREATE FUNCTION app.archive_logs() RETURNS void LANGUAGE sql AS 'SELECT'")
+    doc: dict[str, Any] = {"dockind": "CRON_TABLE", "status": status,
+                           "props": {"NUM": num, "DESCR": "hourly log archiving", "DB_FUNCTION": "app.archive_logs",
+                                     "INTERVAL": "NOW() + INTERVAL '1 hour'", "RUN_AS": app.principal,
+                                     "FIRST_RUN": "2025-01-01T00:00:00"}}
+    store.apply(app.conn, doc)

@@ -2,83 +2,22 @@
 
 Log in with the token, see a job appear, watch attempts in the timeline, disable a job, open a failed
 attempt's error, flip a document PASSIVE, see a running attempt on the Live page; no console errors.
-Screenshots of every page go to the test's folder (and to RADIXJOBS_CONSOLE_SHOTS when set: docs/console).
+Screenshots of every page: tests/console/browsing.py says where they go.
 """
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
-import pytest
-from playwright.sync_api import Browser, Page, sync_playwright
+from playwright.sync_api import Browser, Page
 
-from radixjobs.documents import store
-from radixjobs.sqlscript import split_script
 from tests.acceptance.serving import Serve
 from tests.apps import App
-from tests.console.support import CONSOLE_SQL, TOKEN, chromium, request, serve_console
+from tests.console.browsing import Shots, job_url, log_in, open_page, shots_folder
+from tests.console.support import apply_document, request
 from tests.support import wait_for
 
-
-@pytest.fixture
-def browser() -> Iterator[Browser]:
-    executable = chromium()
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=executable, args=["--no-sandbox"])
-        try:
-            yield browser
-        finally:
-            browser.close()
-
-@pytest.fixture
-def console(app: App, tmp_path: Path) -> Iterator[Serve]:
-    for stmt in split_script(CONSOLE_SQL):
-        app.conn.execute(stmt.text.encode())
-    app.job("CREATE JOB app.often SCHEDULE EVERY INTERVAL '1 second' RUN AS {p} CALL app.record('often')")
-    app.job("CREATE JOB app.broken SCHEDULE EVERY INTERVAL '2 seconds' RUN AS {p} CALL app.fail()")
-    daemon = serve_console(app, tmp_path)
-    try:
-        yield daemon
-    finally:
-        daemon.stop()
-
-class Shots:
-    def __init__(self, page: Page, folder: Path):
-        self.page = page
-        self.folder = folder
-        folder.mkdir(exist_ok=True)
-        self.extra = Path(os.environ["RADIXJOBS_CONSOLE_SHOTS"]) if os.environ.get("RADIXJOBS_CONSOLE_SHOTS") else None
-
-    def take(self, name: str) -> None:
-        path = self.folder / f"{name}.png"
-        self.page.screenshot(path=str(path), full_page=True)
-        if self.extra is not None:
-            self.extra.mkdir(parents=True, exist_ok=True)
-            shutil.copy(path, self.extra / path.name)
-
-def open_page(browser: Browser, errors: list[str]) -> Page:
-    page = browser.new_page(viewport={"width": 1280, "height": 800})
-    page.on("console", lambda m: errors.append(f"console {m.type}: {m.text}") if m.type in ("error", "warning")
-            else None)
-    page.on("pageerror", lambda e: errors.append(f"page error: {e}"))
-    return page
-
-def log_in(page: Page, url: str) -> None:
-    page.goto(url + "/")
-    page.fill("input[name=token]", TOKEN)
-    page.click("button[type=submit]")
-    page.wait_for_selector("#db-count")
-
-def job_url(app: App, console: Serve, name: str) -> str:
-    row = app.conn.execute("SELECT job_id, current_database() FROM radix.job_overview WHERE name = %s",
-                           (name,)).fetchone()
-    assert row is not None
-    return f"{console.url}/db/{row[1]}/job/{row[0]}"
 
 def confirm(page: Page, label: str) -> str:
     page.click(f"a.button:text-is('{label}')")
@@ -89,7 +28,7 @@ def confirm(page: Page, label: str) -> str:
 def test_console_in_a_browser(app: App, console: Serve, browser: Browser, tmp_path: Path) -> None:
     errors: list[str] = []
     page = open_page(browser, errors)
-    shots = Shots(page, tmp_path / "screenshots")
+    shots = Shots(page, shots_folder(tmp_path))
 
     page.goto(console.url + "/jobs")
     assert page.locator("input[name=token]").count() == 1  # not logged in: the login form, no data
@@ -122,7 +61,7 @@ def test_console_in_a_browser(app: App, console: Serve, browser: Browser, tmp_pa
     assert "disk on fire" in page.inner_text("tr[data-status=failed] details.error .message")
     shots.take("job-failed")
 
-    _document(app)
+    apply_document(app)
     page.goto(console.url + "/jobs?q=doc:")
     page.click("a:text-is('doc:101')")
     page.wait_for_selector("#document")
@@ -152,15 +91,6 @@ def test_run_now_shows_the_attempt_in_the_timeline(app: App, console: Serve, bro
     wait_for(lambda: page.locator("#timeline rect.attempt").count() > before, timeout=30,
              message="the attempt in the timeline (live refresh)")
     assert errors == []
-
-def _document(app: App) -> None:
-    app.conn.execute("CREATE FUNCTION app.archive_logs() RETURNS void LANGUAGE sql AS 'SELECT'")
-    doc: dict[str, Any] = {"dockind": "CRON_TABLE", "status": "CRON_TABLE_ACTIVE",
-                           "props": {"NUM": 101, "DESCR": "hourly log archiving", "DB_FUNCTION": "app.archive_logs",
-                                     "INTERVAL": "NOW() + INTERVAL '1 hour'", "RUN_AS": app.principal,
-                                     "FIRST_RUN": "2025-01-01T00:00:00"}}
-    store.apply(app.conn, doc)
-
 
 def test_generated_token_is_printed_once_and_logs_in(app: App, tmp_path: Path) -> None:
     """Without --http-token the daemon prints the console URL with a random token, once, and never logs it."""

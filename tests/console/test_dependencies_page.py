@@ -7,6 +7,7 @@ from pathlib import Path
 
 from tests.apps import App
 from tests.console.support import TOKEN, request, serve_console
+from tests.support import wait_for
 
 
 def test_the_job_page_draws_upstreams_and_dependents(app: App, tmp_path: Path) -> None:
@@ -16,6 +17,7 @@ def test_the_job_page_draws_upstreams_and_dependents(app: App, tmp_path: Path) -
     ids = dict(app.conn.execute("SELECT job_name, job_id::text FROM radix.jobs").fetchall())
     console = serve_console(app, tmp_path)
     try:
+        wait_for(lambda: console.status()["databases"], message="the daemon to serve its database")
         db = app.conn.info.dbname
         status, _, page = request(f"{console.url}/db/{db}/job/{ids['load']}",
                                   headers={"Authorization": f"Bearer {TOKEN}"})

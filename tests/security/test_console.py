@@ -90,6 +90,11 @@ def test_no_page_or_action_without_authentication(app: App, daemon: Serve) -> No
     assert _enabled(app)
     for path in ("/healthz", "/metrics", "/status"):
         assert request(daemon.url + path)[0] == 200
+    status, _, body = request(daemon.url + "/no/such/page", headers={"Accept": "text/html"})
+    assert status == 404
+    assert 'href="/login"' in body  # the layout and a way to log in, nothing else
+    assert 'href="/jobs"' not in body
+    assert "app.tick" not in body
     # the wrong tokens above made the token wait out a backoff; then the right one is let in
     status, _, body = wait_for(lambda: (got := request(daemon.url + "/jobs", headers={
         "Authorization": f"Bearer {TOKEN}"}))[0] != 429 and got, timeout=120, interval=0.5,
@@ -199,6 +204,14 @@ def test_postgres_login_shows_and_acts_as_that_role_only(password_cluster: tuple
         assert "alice.job_of_alice" in body
         assert "bob.job_of_bob" not in body
         assert "role alice" in body
+        _, _, overview = request(daemon.url + "/", headers={"Cookie": alice})
+        assert 'id="nodes-hidden"' in overview  # a tenant sees neither nodes nor the daemon's counters
+        assert "nodes alive" not in overview
+        assert "Since this node started" not in overview
+        operator = _login(daemon.url, SUPERUSER, "operator-pw")
+        _, _, overview = request(daemon.url + "/", headers={"Cookie": operator})
+        assert re.search(r'id="nodes-alive">1<', overview)
+        assert "Since this node started" in overview
         csrf = re.search(r'name="csrf" value="([^"]+)"', body)
         assert csrf
         form = urlencode({"action": "disable", "db": "console", "target": "bob.job_of_bob", "csrf": csrf[1],
