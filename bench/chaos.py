@@ -99,7 +99,7 @@ def verdict(world: World, faults: Faults, exit_codes: dict[str, int | None], end
         check.check_at_jobs(conn, report, world.at_incarnations)
         check.check_stalls(conn, report, faults.kills, end, args.max_stall)
         check.check_gaps(conn, report, args.max_stall)
-        check.check_dependencies(conn, report, world.edges)
+        check.check_dependencies(conn, report, world.edges, end, args.max_stall)
         check.check_groups(conn, report, world.groups)
         check.ledger_figures(conn, report)
     unclean = [f"{name} exited {code}" for name, code in exit_codes.items() if code != 0]

@@ -51,8 +51,8 @@ VIOLATIONS = ("duplicate_atomic_effects", "duplicate_once_effects", "failed_atte
               "successes_without_effect", "non_atomic_successes_without_once_effect", "one_time_job_mismatch",
               "stall_after_kill_over_limit", "job_gap_over_limit", "unclean_stops", "unexpected_daemon_exits",
               "requested_runs_not_run", "requested_runs_run_twice", "dependent_ticks_lost",
-              "dependent_ticks_unexpected", "dependent_ticks_not_once", "dependent_ran_before_upstream",
-              "group_over_max_running")
+              "dependent_ticks_stuck", "dependent_ticks_unexpected", "dependent_ticks_not_once",
+              "dependent_ran_before_upstream", "group_over_max_running")
 
 
 @dataclass
@@ -292,15 +292,18 @@ def _once(effects: int, succeeded: bool, non_atomic: bool) -> bool:
     return effects == int(succeeded)
 
 
-def check_dependencies(conn: psycopg.Connection[Any], report: Report, edges: dict[str, list[tuple[str, str]]]) -> None:
+def check_dependencies(conn: psycopg.Connection[Any], report: Report, edges: dict[str, list[tuple[str, str]]],
+                       end: dt.datetime, max_stall_s: float) -> None:
     """Every planned tick all of a dependent's upstreams ended at as its edges name gave the dependent one tick
     with that planned time: succeeded with exactly one effect, failed for good with none, or still queued at
-    the stop; no other planned time ran; none started before its last upstream's marker committed."""
+    the stop (then queued no longer than ``max_stall_s`` before ``end``); no other planned time ran; none
+    started before its last upstream's marker committed."""
     ids = {name: str(job) for job, name in conn.execute(
         "SELECT job_id, schema_name || '.' || job_name FROM radix.jobs")}
     ends = _ends(conn)
     non_atomic = {str(j) for (j,) in conn.execute("SELECT job_id FROM radix.jobs WHERE non_atomic")}
     totals: defaultdict[str, int] = defaultdict(int)
+    longest_queued = 0.0
     for dependent, upstreams in edges.items():
         job = ids[dependent]
         arrivals = [_reached(ends.get(ids[up], {}), condition) for up, condition in upstreams]
@@ -312,18 +315,23 @@ def check_dependencies(conn: psycopg.Connection[Any], report: Report, edges: dic
                                                                  (job, list(ATOMIC_KINDS)))}
         pending = {p for (p,) in conn.execute(PENDING.encode(), {"job": job})}
         lost = sorted(p for p in expected if p not in own and p not in pending)
+        queued = [p for p in expected if p in pending and p not in own]
+        stuck = sorted(p for p in queued if (end - expected[p]).total_seconds() > max_stall_s)
         unexpected = sorted((started | set(effects) | pending) - set(expected))
         not_once = sorted(p for p in expected if not _once(effects.get(p, (0,))[0], "succeeded" in own.get(p, {}),
                                                               job in non_atomic))
         early = sorted(p for p, (_, first) in effects.items() if p in expected and first <= expected[p])
-        for name, found in (("dependent_ticks_lost", lost), ("dependent_ticks_unexpected", unexpected),
+        for name, found in (("dependent_ticks_lost", lost), ("dependent_ticks_stuck", stuck),
+                            ("dependent_ticks_unexpected", unexpected),
                             ("dependent_ticks_not_once", not_once), ("dependent_ran_before_upstream", early)):
             report.violation(name, len(found), [f"{dependent} at {p}" for p in found])
         totals["expected"] += len(expected)
         totals["succeeded"] += sum(1 for p in expected if "succeeded" in own.get(p, {}))
         totals["failed"] += sum(1 for p in expected if own.get(p, {}).keys() == {"failed"})
-        totals["queued_at_stop"] += sum(1 for p in expected if p in pending and p not in own)
+        totals["queued_at_stop"] += len(queued)
+        longest_queued = max([longest_queued] + [(end - expected[p]).total_seconds() for p in queued])
     report.figures.update({f"dependent_ticks_{k}": v for k, v in totals.items()})
+    report.figures["dependent_longest_queued_at_stop_s"] = round(longest_queued, 3)
 
 
 def _most_at_once(spans: list[tuple[dt.datetime, dt.datetime]]) -> tuple[int, dt.datetime | None]:
