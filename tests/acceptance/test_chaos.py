@@ -3,10 +3,11 @@
 The chaos run starts its own embedded PostgreSQL (it restarts it), three daemons and ~150 jobs (chains of
 SCHEDULE AFTER jobs and job groups among them), and fails on any violation: duplicate atomic effects,
 overlapping attempts, unaccounted ticks, a dependent tick lost, unexpected or run twice, a group over its
-max_running, history over 256 rows, leases left behind, long stalls after a kill. The tests below it pin what early runs found: a node that
-comes back with its own node id (a restarted daemon, or one that reconnected after a PostgreSQL restart)
-held the claims of its previous life, which nobody else resumed because the node looked alive; and a
-document whose node was killed was run again while its orphaned backend was still running it.
+max_running, history over 256 rows, leases left behind, long stalls after a kill. The tests below it pin
+what early runs found: a node that comes back with its own node id (a restarted daemon, or one that
+reconnected after a PostgreSQL restart) held the claims of its previous life, which nobody else resumed
+because the node looked alive; and a document whose node was killed was run again while its orphaned
+backend was still running it.
 """
 
 from __future__ import annotations
