@@ -3,10 +3,11 @@ record their effects, ~150 jobs of every kind (chains and fan-ins of SCHEDULE AF
 them) and a few CRON_TABLE documents.
 
 Every effect row says which job and tick it belongs to (job id, idempotency key), the attempt number,
-the backend pid, and the procedure's own start and end (clock_timestamp()), so the checks can find
-duplicates and overlaps from the effects alone. ``chaos.ledger`` keeps every history row the engine
-writes (an AFTER trigger on radix.radix_system_job_history, which itself is pruned to 256 rows per job),
-so ticks can be accounted for over runs of any length.
+the backend pid, and the procedure's own start and end (clock_timestamp(); a grouped job's start is its
+transaction's, now()), so the checks can find duplicates and overlaps from the effects alone.
+``chaos.ledger`` keeps every history row the engine writes (an AFTER trigger on
+radix.radix_system_job_history, which itself is pruned to 256 rows per job), so ticks can be accounted for
+over runs of any length.
 """
 
 from __future__ import annotations
