@@ -1,10 +1,11 @@
 """Chaos run: ``python bench/chaos.py --minutes N [--json] [--seed S] [--nodes 2|3]``.
 
-Two or three ``radixjobs serve`` daemons share one database of a private embedded PostgreSQL, with ~100 jobs
-(interval, one-time, 6-field CRON; atomic, non-atomic with radix.once(), failing, conflicting) and CRON_TABLE
-documents. A seeded driver SIGKILLs and restarts daemons, restarts PostgreSQL and terminates attempt
-backends at random moments. Then everything is stopped cleanly and the effects and the history are checked
-(see chaos_check.py). Prints the figures and the violations; the exit code is 1 when there is any violation.
+Two or three ``radixjobs serve`` daemons share one database of a private embedded PostgreSQL, with ~150 jobs
+(interval, one-time, 6-field CRON; atomic, non-atomic with radix.once(), failing, conflicting; chains and a
+fan-in of SCHEDULE AFTER jobs; two job groups) and CRON_TABLE documents. A seeded driver SIGKILLs and
+restarts daemons, restarts PostgreSQL and terminates attempt backends at random moments. Then everything is
+stopped cleanly and the effects and the history are checked (see chaos_check.py). Prints the figures and the
+violations; the exit code is 1 when there is any violation.
 """
 
 from __future__ import annotations
@@ -98,6 +99,8 @@ def verdict(world: World, faults: Faults, exit_codes: dict[str, int | None], end
         check.check_at_jobs(conn, report, world.at_incarnations)
         check.check_stalls(conn, report, faults.kills, end, args.max_stall)
         check.check_gaps(conn, report, args.max_stall)
+        check.check_dependencies(conn, report, world.edges, end, args.max_stall)
+        check.check_groups(conn, report, world.groups)
         check.ledger_figures(conn, report)
     unclean = [f"{name} exited {code}" for name, code in exit_codes.items() if code != 0]
     report.violation("unclean_stops", len(unclean), unclean)

@@ -7,6 +7,10 @@ they were planned, overlapping attempts of one job or document, history over 256
 neither run, failed, missed (past a start deadline) nor coalesced (or coalesced beyond the state's count), or
 with more than one of these outcomes, leases left after the clean
 stop, unexpected daemon exits or unclean stops, and stalls after a kill longer than ``max_stall_s``.
+Dependencies: a dependent's tick for every planned time all its upstreams ended at as its edges name (run
+once, failed, or still queued at the stop), for no other planned time, never run twice, never started before
+its upstreams' markers. Groups: never more overlapping committed attempts of a group's jobs than its
+max_running.
 """
 
 from __future__ import annotations
@@ -21,7 +25,8 @@ import psycopg
 from radixjobs import schedule
 from radixjobs.model import EverySchedule
 
-ATOMIC_KINDS = ("atomic", "conflict", "cron", "at")
+ATOMIC_KINDS = ("atomic", "conflict", "cron", "at", "flaky", "grouped")
+FLAKY_FAILS = "abs(hashtext(key)) % 4 = 0"  # the ticks chaos.flaky fails (chaos_setup.py)
 
 OVERLAPS = """
 SELECT {key}, count(*) FROM (
@@ -45,7 +50,9 @@ VIOLATIONS = ("duplicate_atomic_effects", "duplicate_once_effects", "failed_atte
               "history_over_256", "unaccounted_ticks", "leases_left_after_stop", "atomic_effects_without_success",
               "successes_without_effect", "non_atomic_successes_without_once_effect", "one_time_job_mismatch",
               "stall_after_kill_over_limit", "job_gap_over_limit", "unclean_stops", "unexpected_daemon_exits",
-              "requested_runs_not_run", "requested_runs_run_twice")
+              "requested_runs_not_run", "requested_runs_run_twice", "dependent_ticks_lost",
+              "dependent_ticks_stuck", "dependent_ticks_unexpected", "dependent_ticks_not_once",
+              "dependent_ran_before_upstream", "group_over_max_running")
 
 
 @dataclass
@@ -75,7 +82,8 @@ def check_effects(conn: psycopg.Connection[Any], report: Report) -> None:
         WHERE kind = 'non_atomic' AND once GROUP BY key HAVING count(*) > 1) d"""))
     report.violation("failed_attempt_effects_kept", scalar(conn, """
         SELECT count(*) FROM chaos.effects WHERE kind = 'fail'
-           OR (kind = 'conflict' AND attempt <= abs(hashtext(key)) % 3)"""))
+           OR (kind = 'conflict' AND attempt <= abs(hashtext(key)) % 3) OR (kind = 'flaky' AND """
+        + FLAKY_FAILS + ")"))
     report.violation("effects_without_a_frame", scalar(conn, "SELECT count(*) FROM chaos.effects WHERE key IS NULL"))
     early = conn.execute("""
         SELECT key, started FROM chaos.effects
@@ -128,7 +136,7 @@ def check_ticks(conn: psycopg.Connection[Any], report: Report, steps: dict[str, 
          leased) in conn.execute(JOBS):
         if leased or status == "running":
             report.violation("leases_left_after_stop", 1, [f"{name} ({status})"])
-        if kind == "at" or planned is None:
+        if kind in ("at", "after") or planned is None:  # an AFTER job's ticks: check_dependencies
             continue
         step, first = steps[name], _first_tick(kind, interval_ns, starting_at_ns, created_ns, expr, zone, anchor)
         due = max(0, (planned - first) // step)
@@ -230,8 +238,8 @@ WHERE gap IS NOT NULL ORDER BY gap DESC LIMIT 1
 
 def check_gaps(conn: psycopg.Connection[Any], report: Report, max_stall_s: float) -> None:
     """The longest time a recurring job (every 1-5 s) went without finishing an attempt: what a kill, a
-    PostgreSQL restart or a lost claim cost it."""
-    jobs = [r[0] for r in conn.execute("SELECT job_id FROM radix.jobs WHERE schedule_kind <> 'at'")]
+    PostgreSQL restart or a lost claim cost it. (An AFTER job runs as often as its upstreams end as named.)"""
+    jobs = [r[0] for r in conn.execute("SELECT job_id FROM radix.jobs WHERE schedule_kind IN ('every', 'cron')")]
     row = conn.execute(GAPS.encode(), (jobs,)).fetchone()
     gap = float(row[2]) if row else 0.0
     report.figures["longest_gap_between_attempts_s"] = round(gap, 3)
@@ -245,3 +253,110 @@ def ledger_figures(conn: psycopg.Connection[Any], report: Report) -> None:
                            WHERE status <> 'running' GROUP BY status""").fetchall()
     report.figures["attempts_by_outcome"] = dict(sorted(rows))
     report.figures["max_attempt"] = scalar(conn, "SELECT coalesce(max(attempt), 0) FROM chaos.ledger")
+
+
+def _ends(conn: psycopg.Connection[Any]) -> dict[str, dict[int, dict[str, dt.datetime]]]:
+    """job id -> planned tick -> how it ended for good ('succeeded', 'failed') -> when; RUN JOB ticks left out
+    (they fire no edge)."""
+    out: dict[str, dict[int, dict[str, dt.datetime]]] = defaultdict(lambda: defaultdict(dict))
+    for job, planned, status, finished in conn.execute(
+            "SELECT job_id::text, planned_ns, status, min(finished_at) FROM chaos.ledger "
+            "WHERE status IN ('succeeded', 'failed') AND run_kind <> 'run' GROUP BY 1, 2, 3"):
+        out[job][planned][status] = finished
+    return out
+
+
+def _reached(ends: dict[int, dict[str, dt.datetime]], condition: str) -> dict[int, dt.datetime]:
+    """The planned ticks an upstream ended at as ``condition`` names, with when they ended."""
+    named = {"succeeds": ("succeeded",), "fails": ("failed",), "completes": ("succeeded", "failed")}[condition]
+    return {planned: min(when for status, when in outcomes.items() if status in named)
+            for planned, outcomes in ends.items() if any(status in named for status in outcomes)}
+
+
+DEPENDENT_EFFECTS = """
+SELECT split_part(key, '/', 2)::bigint, count(*), min(started) FROM chaos.effects
+WHERE job = %s AND (kind = ANY (%s) OR (kind = 'non_atomic' AND once)) GROUP BY 1
+"""
+
+PENDING = """
+SELECT planned_ns FROM radix.job_requests WHERE job_id = %(job)s AND kind = 'after'
+UNION SELECT planned_ns FROM radix.radix_system_job_state WHERE job_id = %(job)s AND request_kind = 'after'
+"""
+
+
+def _once(effects: int, succeeded: bool, non_atomic: bool) -> bool:
+    """Atomic: one effect exactly when the tick succeeded. radix.once(): at most one, and one if it succeeded
+    (it commits inside, so a tick that failed or is still queued may have it already)."""
+    if non_atomic:
+        return effects == 1 if succeeded else effects <= 1
+    return effects == int(succeeded)
+
+
+def check_dependencies(conn: psycopg.Connection[Any], report: Report, edges: dict[str, list[tuple[str, str]]],
+                       end: dt.datetime, max_stall_s: float) -> None:
+    """Every planned tick all of a dependent's upstreams ended at as its edges name gave the dependent one tick
+    with that planned time: succeeded with exactly one effect, failed for good with none, or still queued at
+    the stop (then queued no longer than ``max_stall_s`` before ``end``); no other planned time ran; none
+    started before its last upstream's marker committed."""
+    ids = {name: str(job) for job, name in conn.execute(
+        "SELECT job_id, schema_name || '.' || job_name FROM radix.jobs")}
+    ends = _ends(conn)
+    non_atomic = {str(j) for (j,) in conn.execute("SELECT job_id FROM radix.jobs WHERE non_atomic")}
+    totals: defaultdict[str, int] = defaultdict(int)
+    longest_queued = 0.0
+    for dependent, upstreams in edges.items():
+        job = ids[dependent]
+        arrivals = [_reached(ends.get(ids[up], {}), condition) for up, condition in upstreams]
+        expected = {p: max(a[p] for a in arrivals) for p in set.intersection(*(set(a) for a in arrivals))}
+        own = ends.get(job, {})
+        started = {p for (p,) in conn.execute(
+            "SELECT DISTINCT planned_ns FROM chaos.ledger WHERE job_id = %s", (job,))}
+        effects = {p: (n, first) for p, n, first in conn.execute(DEPENDENT_EFFECTS.encode(),
+                                                                 (job, list(ATOMIC_KINDS)))}
+        pending = {p for (p,) in conn.execute(PENDING.encode(), {"job": job})}
+        lost = sorted(p for p in expected if p not in own and p not in pending)
+        queued = [p for p in expected if p in pending and p not in own]
+        stuck = sorted(p for p in queued if (end - expected[p]).total_seconds() > max_stall_s)
+        unexpected = sorted((started | set(effects) | pending) - set(expected))
+        not_once = sorted(p for p in expected if not _once(effects.get(p, (0,))[0], "succeeded" in own.get(p, {}),
+                                                              job in non_atomic))
+        early = sorted(p for p, (_, first) in effects.items() if p in expected and first <= expected[p])
+        for name, found in (("dependent_ticks_lost", lost), ("dependent_ticks_stuck", stuck),
+                            ("dependent_ticks_unexpected", unexpected),
+                            ("dependent_ticks_not_once", not_once), ("dependent_ran_before_upstream", early)):
+            report.violation(name, len(found), [f"{dependent} at {p}" for p in found])
+        totals["expected"] += len(expected)
+        totals["succeeded"] += sum(1 for p in expected if "succeeded" in own.get(p, {}))
+        totals["failed"] += sum(1 for p in expected if own.get(p, {}).keys() == {"failed"})
+        totals["queued_at_stop"] += len(queued)
+        longest_queued = max([longest_queued] + [(end - expected[p]).total_seconds() for p in queued])
+    report.figures.update({f"dependent_ticks_{k}": v for k, v in totals.items()})
+    report.figures["dependent_longest_queued_at_stop_s"] = round(longest_queued, 3)
+
+
+def _most_at_once(spans: list[tuple[dt.datetime, dt.datetime]]) -> tuple[int, dt.datetime | None]:
+    """The most spans that overlap at one instant, and the first instant it happened (an end before a start
+    at the same instant)."""
+    edges = sorted([(s, 1) for s, _ in spans] + [(e, -1) for _, e in spans], key=lambda x: (x[0], x[1]))
+    level = top = 0
+    when = None
+    for at, step in edges:
+        level += step
+        if level > top:
+            top, when = level, at
+    return top, when
+
+
+def check_groups(conn: psycopg.Connection[Any], report: Report, groups: dict[str, tuple[int, list[str]]]) -> None:
+    """At no instant more committed attempts of a group's jobs ran than its max_running (their spans: the
+    attempt's transaction start to its procedure's end, both inside the claim holding the place)."""
+    most: dict[str, int] = {}
+    for group, (max_running, names) in groups.items():
+        spans = conn.execute("""SELECT e.started, e.finished FROM chaos.effects e JOIN radix.jobs j ON j.job_id = e.job
+                                WHERE j.schema_name || '.' || j.job_name = ANY (%s)""", (names,)).fetchall()
+        most[group], when = _most_at_once(spans)
+        if most[group] > max_running:
+            report.violation("group_over_max_running", most[group] - max_running,
+                             [f"{group}: {most[group]} > max_running {max_running} at {when}"])
+        report.figures[f"group_{group}_attempts"] = len(spans)
+    report.figures["group_most_running_at_once"] = most

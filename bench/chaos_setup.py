@@ -1,11 +1,13 @@
 """The chaos run's world: a private embedded PostgreSQL, one database, a principal, the procedures that
-record their effects, ~100 jobs of every kind and a few CRON_TABLE documents.
+record their effects, ~150 jobs of every kind (chains and fan-ins of SCHEDULE AFTER jobs, two job groups among
+them) and a few CRON_TABLE documents.
 
 Every effect row says which job and tick it belongs to (job id, idempotency key), the attempt number,
-the backend pid, and the procedure's own start and end (clock_timestamp()), so the checks can find
-duplicates and overlaps from the effects alone. ``chaos.ledger`` keeps every history row the engine
-writes (an AFTER trigger on radix.radix_system_job_history, which itself is pruned to 256 rows per job),
-so ticks can be accounted for over runs of any length.
+the backend pid, and the procedure's own start and end (clock_timestamp(); a grouped job's start is its
+transaction's, now()), so the checks can find duplicates and overlaps from the effects alone.
+``chaos.ledger`` keeps every history row the engine writes (an AFTER trigger on
+radix.radix_system_job_history, which itself is pruned to 256 rows per job), so ticks can be accounted for
+over runs of any length.
 """
 
 from __future__ import annotations
@@ -84,6 +86,25 @@ BEGIN
   END IF;
 END $$;
 
+-- a terminal failure on a quarter of the ticks (chosen by the key), success otherwise: both SUCCEEDS and FAILS
+-- edges fire from it
+CREATE PROCEDURE chaos.flaky(kind text, max_ms int) LANGUAGE plpgsql AS $$
+BEGIN
+  CALL chaos.atomic(kind, max_ms);
+  IF abs(hashtext(radix.current_idempotency_key())) % 4 = 0 THEN
+    RAISE EXCEPTION 'chaos flaky failure';
+  END IF;
+END $$;
+
+-- atomic, its span from the transaction's start (inside the claim that holds the group's place) to its end
+CREATE PROCEDURE chaos.grouped(kind text, max_ms int) LANGUAGE plpgsql AS $$
+BEGIN
+  PERFORM pg_sleep(random() * max_ms / 1000.0);
+  INSERT INTO chaos.effects (kind, job, key, attempt, pid, started, finished)
+  VALUES (kind, radix.current_job_id(), radix.current_idempotency_key(), radix.current_job_attempt(),
+          pg_backend_pid(), now(), clock_timestamp());
+END $$;
+
 -- a terminal failure every time (its effect is rolled back)
 CREATE PROCEDURE chaos.fail(kind text, max_ms int) LANGUAGE plpgsql AS $$
 BEGIN
@@ -119,6 +140,19 @@ AT_JOBS = 10
 DOCUMENTS = 10
 FAILING_DOCUMENTS = 2
 MAX_MS = 100  # the longest sleep inside a procedure
+# chains and a fan-in: two upstreams EVERY 1 second on one grid (chain_a fails a quarter of its ticks, chain_x
+# raises 40001 on its first 0..2 attempts), then dependent -> [(upstream, edge condition)], in creation order
+CHAIN_UPSTREAMS = [("chaos.chain_a", "chaos.flaky", "flaky"), ("chaos.chain_x", "chaos.conflict", "conflict")]
+CHAIN_DEPENDENTS: list[tuple[str, str, str, list[tuple[str, str]]]] = [
+    ("chaos.after_b", "chaos.flaky", "flaky", [("chaos.chain_a", "succeeds")]),
+    ("chaos.after_c", "chaos.atomic", "atomic", [("chaos.after_b", "succeeds")]),
+    ("chaos.after_f", "chaos.atomic", "atomic", [("chaos.chain_a", "fails")]),
+    ("chaos.after_d", "chaos.atomic", "atomic", [("chaos.after_b", "completes"), ("chaos.chain_x", "succeeds")]),
+    ("chaos.after_n", "chaos.non_atomic", "non_atomic", [("chaos.chain_x", "completes")]),
+]
+# job groups: name -> (max_running, jobs); their jobs run EVERY 1 second in step, each up to GROUP_MS
+GROUPS = {"chaos_pair": (2, 6), "chaos_solo": (1, 3)}
+GROUP_MS = 200
 
 
 @dataclass
@@ -133,6 +167,8 @@ class World:
     at_jobs: dict[str, float] = field(default_factory=dict)      # AT job name -> seconds from now at creation
     at_incarnations: list[dict[str, Any]] = field(default_factory=list)  # every AT job ever made
     doc_nums: list[str] = field(default_factory=list)
+    edges: dict[str, list[tuple[str, str]]] = field(default_factory=dict)  # dependent -> (upstream, condition)
+    groups: dict[str, tuple[int, list[str]]] = field(default_factory=dict)  # group -> (max_running, job names)
 
     def connect(self) -> psycopg.Connection[Any]:
         return psycopg.connect(self.dsn, autocommit=True, connect_timeout=10)
@@ -177,7 +213,7 @@ def _job(conn: psycopg.Connection[Any], name: str, schedule: str, procedure: str
 
 def make_jobs(world: World, conn: psycopg.Connection[Any], rng: random.Random) -> None:
     """Interval jobs of every kind (1–3 s), quick atomic jobs (1 s, in step), 6-field CRON jobs (every 2, 3 or
-    5 s), AT jobs."""
+    5 s), AT jobs, chains and job groups."""
     for kind, procedure, count in INTERVAL_KINDS:
         for i in range(count):
             name, seconds = f"chaos.{kind}_{i}", rng.choice([1, 2, 3])
@@ -187,8 +223,7 @@ def make_jobs(world: World, conn: psycopg.Connection[Any], rng: random.Random) -
     assert start is not None
     for i in range(QUICK_JOBS):
         name = f"chaos.quick_{i}"
-        _job(conn, name, f"EVERY INTERVAL '1 second' STARTING AT TIMESTAMP '{start[0].astimezone(dt.UTC).isoformat()}'",
-             "chaos.atomic", "atomic", QUICK_MS, "WITH (batch = on)")
+        _job(conn, name, _every_second_from(start[0]), "chaos.atomic", "atomic", QUICK_MS, "WITH (batch = on)")
         world.kinds[name], world.every_ns[name] = "atomic", 10**9
     for i in range(CRON_JOBS):
         name, seconds = f"chaos.cron_{i}", rng.choice([2, 3, 5])
@@ -199,6 +234,35 @@ def make_jobs(world: World, conn: psycopg.Connection[Any], rng: random.Random) -
         world.kinds[name] = "at"
         world.at_jobs[name] = -rng.uniform(1, 60) if i % 2 == 0 else rng.uniform(2, 8)
         create_at_job(world, conn, name, world.at_jobs[name])
+    make_chains(world, conn, start[0])
+    make_groups(world, conn, start[0])
+
+
+def _every_second_from(start: dt.datetime) -> str:
+    return f"EVERY INTERVAL '1 second' STARTING AT TIMESTAMP '{start.astimezone(dt.UTC).isoformat()}'"
+
+
+def make_chains(world: World, conn: psycopg.Connection[Any], start: dt.datetime) -> None:
+    """The chain upstreams (on one grid, so a fan-in can meet), then their dependents."""
+    for name, procedure, kind in CHAIN_UPSTREAMS:
+        _job(conn, name, _every_second_from(start), procedure, kind)
+        world.kinds[name], world.every_ns[name] = kind, 10**9
+    for name, procedure, kind, upstreams in CHAIN_DEPENDENTS:
+        after = " AND ".join(f"{upstream} {condition.upper()}" for upstream, condition in upstreams)
+        _job(conn, name, f"AFTER {after}", procedure, kind)
+        world.kinds[name], world.edges[name] = kind, upstreams
+
+
+def make_groups(world: World, conn: psycopg.Connection[Any], start: dt.datetime) -> None:
+    """Job groups whose jobs are all due at once every second, more than max_running of them."""
+    for group, (max_running, count) in GROUPS.items():
+        catalog.execute_job_ddl(conn, f"CREATE JOB GROUP {group} WITH (max_running = {max_running})")
+        names = [f"chaos.{group.removeprefix('chaos_')}_{i}" for i in range(count)]
+        for name in names:
+            _job(conn, name, _every_second_from(start), "chaos.grouped", "grouped", GROUP_MS,
+                 f"WITH (group = '{group}')")
+            world.kinds[name], world.every_ns[name] = "grouped", 10**9
+        world.groups[group] = (max_running, names)
 
 
 def create_at_job(world: World, conn: psycopg.Connection[Any], name: str, offset_s: float) -> None:

@@ -1,11 +1,13 @@
 """Faults under load: the chaos driver (bench/chaos.py) for half a minute, and the stalls it found.
 
-The chaos run starts its own embedded PostgreSQL (it restarts it), three daemons and ~100 jobs, and fails
-on any violation: duplicate atomic effects, overlapping attempts, unaccounted ticks, history over 256 rows,
-leases left behind, long stalls after a kill. The tests below it pin what early runs found: a node that
-comes back with its own node id (a restarted daemon, or one that reconnected after a PostgreSQL restart)
-held the claims of its previous life, which nobody else resumed because the node looked alive; and a
-document whose node was killed was run again while its orphaned backend was still running it.
+The chaos run starts its own embedded PostgreSQL (it restarts it), three daemons and ~150 jobs (chains of
+SCHEDULE AFTER jobs and job groups among them), and fails on any violation: duplicate atomic effects,
+overlapping attempts, unaccounted ticks, a dependent tick lost, unexpected or run twice, a group over its
+max_running, history over 256 rows, leases left behind, long stalls after a kill. The tests below it pin
+what early runs found: a node that comes back with its own node id (a restarted daemon, or one that
+reconnected after a PostgreSQL restart) held the claims of its previous life, which nobody else resumed
+because the node looked alive; and a document whose node was killed was run again while its orphaned
+backend was still running it.
 """
 
 from __future__ import annotations
@@ -42,6 +44,8 @@ def test_chaos_run_has_no_violations(tmp_path: Path) -> None:
     assert figures["ticks_run"] > 100  # a sanity floor: a loaded machine runs fewer, never a wrong one
     assert figures["document_runs"] > 50
     assert figures["one_time_jobs_complete"] > 10
+    assert figures["dependent_ticks_succeeded"] > 20
+    assert figures["group_most_running_at_once"] == {"chaos_pair": 2, "chaos_solo": 1}  # the caps were reached
 
 
 def _slow_job(app: App, seconds: float) -> str:
