@@ -87,8 +87,10 @@ def _flag_wins(ctx: click.Context, name: str, own: Any, parent: Any) -> Any:
 
 
 @contextlib.contextmanager
-def database(opts: Options, *, need_schema: bool = True, pinned: bool = True) -> Iterator[psycopg.Connection[Any]]:
-    """A connection to the target; the embedded default gets the schema installed on the way.
+def database(opts: Options, *, need_schema: bool = True, pinned: bool = True,
+             embedded_schema: bool = False) -> Iterator[psycopg.Connection[Any]]:
+    """A connection to the target; the embedded default gets the schema installed on the way (when the
+    command needs it, or ``embedded_schema``).
 
     Pinned (search_path = pg_catalog, pg_temp) and with lock waits bounded (RADIXJOBS_LOCK_TIMEOUT) unless it
     runs the user's own SQL text (``pinned=False``: the user's search_path and lock_timeout).
@@ -96,7 +98,7 @@ def database(opts: Options, *, need_schema: bool = True, pinned: bool = True) ->
     with open_target(opts.dsn, opts.home) as target, connect(target.dsn, pinned=pinned) as conn:
         if pinned:
             bound_lock_waits(conn)
-        if need_schema:
+        if need_schema or (embedded_schema and target.embedded is not None):
             ensure_schema(conn, target)
         yield conn
 
