@@ -252,4 +252,4 @@ def _history_row(row: dict[str, Any]) -> list[Any]:
     return [row["status"], row.get("run_kind", "schedule"), output.timestamp(row["planned_at"]),
             output.timestamp(row["started_at"]),
             output.duration(row["duration"]), row["attempt"], error.get("category") or "",
-            output.one_line(message)]
+            output.wrapped(message)]  # whole, wrapped: a redacted error ends with what to do about it
