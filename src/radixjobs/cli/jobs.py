@@ -24,8 +24,26 @@ def jobs_list(opts: Options) -> None:
     from radixjobs import catalog, documents
 
     with database(opts) as conn:
-        jobs = catalog.list_jobs(conn) + documents.overview(conn)
+        jobs = [_with_next_run(job) for job in catalog.list_jobs(conn)] + documents.overview(conn)
     emit(opts, jobs, output.render_records(jobs, catalog.LIST_COLUMNS))
+
+
+def _with_next_run(job: dict[str, Any]) -> dict[str, Any]:
+    """``job`` with the next run of a CRON job no daemon has planned yet: the tick the engine will plan
+    (``_upcoming``, as ``jobs next`` lists it); the database alone cannot evaluate a cron expression."""
+    from datetime import UTC, datetime
+
+    from radixjobs.errors import ScheduleError
+
+    if job["next_run_at"] is not None or job["schedule_kind"] != "cron" or job["status"] != "scheduled":
+        return job
+    try:
+        ticks = _upcoming(job, None, 1)
+    except ScheduleError:
+        return job  # the engine fails such a job (invalid_schedule) when it plans it
+    if not ticks:
+        return job
+    return {**job, "next_run_at": datetime.fromtimestamp(ticks[0] // 1_000_000_000, UTC)}
 
 
 @jobs_group.command("show")
