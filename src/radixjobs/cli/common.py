@@ -114,6 +114,33 @@ def ensure_schema(conn: psycopg.Connection[Any], target: Target) -> None:
         migrate.check_ready(conn)
 
 
+def command_name() -> str:
+    """How to run this radixjobs again from the same shell: ``radixjobs`` when that name on the PATH is this
+    program, else the path it was started by (``.venv/bin/radixjobs`` after ``make run``), else
+    ``python -m radixjobs`` with this interpreter."""
+    import os
+    import shlex
+    import shutil
+    import sys
+
+    started = sys.argv[0] if sys.argv else ""
+    if not started or started.endswith("__main__.py") or not os.path.isfile(started):
+        return f"{shlex.quote(_shown_path(sys.executable))} -m radixjobs"
+    on_path = shutil.which("radixjobs")
+    if on_path is not None and os.path.realpath(on_path) == os.path.realpath(started):
+        return "radixjobs"
+    return shlex.quote(_shown_path(started))
+
+
+def _shown_path(path: str) -> str:
+    """``path`` relative to the working directory when it is below it (as typed there), else absolute."""
+    import os
+
+    absolute = os.path.abspath(path)
+    relative = os.path.relpath(absolute)
+    return relative if not relative.startswith("..") and os.sep in relative else absolute
+
+
 def emit(opts: Options, value: Any, human: str) -> None:
     click.echo(output.to_json(value) if opts.json else human)
 

@@ -12,6 +12,7 @@ from radixjobs import output
 from radixjobs.cli.common import (
     Options,
     check_reserved_slots,
+    command_name,
     common_options,
     database,
     emit,
@@ -242,8 +243,9 @@ async def _serve(daemon: Any, http_host: str, sockets: list[socket.socket], demo
     else:
         raise_nofile_limit()
     if demo:
-        click.echo("demo job demo.heartbeat runs every 5 s: see `radixjobs jobs history demo.heartbeat` "
-                   "or `radixjobs sql -c 'select * from demo.runs order by id desc limit 5'`", err=True)
+        me = command_name()
+        click.echo(f"demo job demo.heartbeat runs every 5 s: see `{me} jobs history demo.heartbeat` "
+                   f"or `{me} sql -c 'select * from demo.runs order by id desc limit 5'`", err=True)
     try:
         await daemon.run()
     finally:
