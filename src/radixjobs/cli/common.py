@@ -14,6 +14,7 @@ import psycopg
 
 from radixjobs import migrate, output
 from radixjobs.config import Target, open_target
+from radixjobs.config_file import bad_value
 from radixjobs.db import bound_lock_waits, connect
 from radixjobs.engine.batches import BATCH_MAX
 from radixjobs.errors import RadixError
@@ -175,8 +176,7 @@ def check_reserved_slots(reserved: int | None, slots: int, slots_flag: str) -> N
     try:
         reserved_slots(slots, reserved)
     except ValueError:
-        raise click.BadParameter(f"{reserved} is more than the {slots} slots of {slots_flag}",
-                                 param_hint="--reserved-slots") from None
+        raise bad_value("reserved_slots", f"{reserved} is more than the {slots} slots of {slots_flag}") from None
 
 
 def tick_batch_option(function: F) -> F:
