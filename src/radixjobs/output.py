@@ -86,25 +86,6 @@ def render_mapping(values: dict[str, Any]) -> str:
     return "\n".join(f"{k.ljust(width)} : {_cell(v)}" for k, v in values.items())
 
 
-def duration(value: dt.timedelta | float | None) -> str:
-    """A duration people read: ``340 ms``, ``1.2 s``, ``2 min 5 s``, ``3 h 12 min`` ('' when unknown)."""
-    if value is None:
-        return ""
-    seconds = value.total_seconds() if isinstance(value, dt.timedelta) else float(value)
-    if seconds < 1:
-        return f"{seconds * 1000:.0f} ms"
-    if seconds < 60:
-        return f"{seconds:.1f} s"
-    if seconds < 3600:
-        return f"{int(seconds // 60)} min {int(seconds % 60)} s"
-    return f"{int(seconds // 3600)} h {int(seconds % 3600 // 60)} min"
-
-
-def timestamp(value: dt.datetime | None) -> str:
-    """A point in time to the millisecond, with its UTC offset ('' when unknown)."""
-    return "" if value is None else value.isoformat(sep=" ", timespec="milliseconds")
-
-
 def one_line(text: Any, width: int = 60) -> str:
     """The first line of a text, cut to ``width`` characters with … when longer."""
     line = "" if text is None else str(text).strip().split("\n", 1)[0].rstrip()

@@ -58,6 +58,15 @@ def test_a_new_cron_job_is_listed_with_the_next_run_the_engine_will_plan(app: Ap
     first = next_ticks(app, name, "--count", "1")["ticks"][0]
     assert listed["next_run_at"] == first["utc"].replace("Z", "+00:00")
     assert first["local"].endswith("T03:00:00+09:00")
+    assert listed["schedule_words"] == "at 03:00 (Asia/Tokyo)"
+    human = CliRunner().invoke(jobs_group, ["list"], env={"RADIXJOBS_DSN": app.dsn}).output
+    line = next(line for line in human.splitlines() if line.startswith(name))
+    # the schedule in words beside the expression, and the next run in UTC as every CLI time is
+    assert "CRON '0 3 * * *' TIME ZONE 'Asia/Tokyo' | at 03:00 (Asia/Tokyo)" in line
+    assert first["utc"].replace("T", " ") in line
+    shown = CliRunner().invoke(jobs_group, ["show", name], env={"RADIXJOBS_DSN": app.dsn}).output
+    assert "in words" in shown
+    assert "at 03:00 (Asia/Tokyo)" in shown
 
 
 def test_one_time_and_disabled_jobs(app: App) -> None:
