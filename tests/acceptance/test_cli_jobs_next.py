@@ -67,6 +67,7 @@ def test_a_new_cron_job_is_listed_with_the_next_run_the_engine_will_plan(app: Ap
     shown = CliRunner().invoke(jobs_group, ["show", name], env={"RADIXJOBS_DSN": app.dsn}).output
     assert "in words" in shown
     assert "at 03:00 (Asia/Tokyo)" in shown
+    assert first["utc"].replace("T", " ") in shown  # its next run too
 
 
 def test_one_time_and_disabled_jobs(app: App) -> None:

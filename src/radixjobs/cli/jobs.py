@@ -68,7 +68,7 @@ def jobs_show(opts: Options, name: str) -> None:
         job = catalog.get_job(conn, name)
     if job is None:
         raise RadixError(f"job {name} does not exist (or is not visible to this role)")
-    job = {**job, "schedule_words": timewords.schedule_words(job)}
+    job = {**_with_next_run(job), "schedule_words": timewords.schedule_words(job)}
     human: dict[str, Any] = {}
     for key, value in job.items():
         if key != "schedule_words":
