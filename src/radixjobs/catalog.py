@@ -19,7 +19,7 @@ import psycopg
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
-from radixjobs import ddl, schedule
+from radixjobs import ddl, schedule, timewords
 from radixjobs.errors import AdmissionError
 from radixjobs.model import (
     AfterSchedule,
@@ -210,19 +210,9 @@ def execute_job_ddl(conn: Conn, text: str) -> str:
     return perform(conn, ddl.parse_job_statement(text))
 
 
-_TIMEOUT_UNITS = (("day", 86_400_000), ("hour", 3_600_000), ("minute", 60_000), ("second", 1_000),
-                  ("millisecond", 1))
-
-
 def describe_timeout(ms: int) -> str:
     """A job's timeout as WITH (timeout = ...) would give it: '2 hours', '1 day 30 minutes', '4 minutes'."""
-    parts = []
-    rest = int(ms)
-    for unit, size in _TIMEOUT_UNITS:
-        count, rest = divmod(rest, size)
-        if count:
-            parts.append(f"{count} {unit}{'' if count == 1 else 's'}")
-    return " ".join(parts) or "0 milliseconds"
+    return timewords.interval_words(int(ms) * 1_000_000)
 
 
 LIST_COLUMNS = ("name", "schedule", "principal", "procedure", "enabled", "definition_version", "status",

@@ -6,8 +6,10 @@ Invariants:
   with a hint). A flag added to the command later works in the file without edits here.
 - Precedence: command line > file > environment (``envvar=``) > defaults. A flag given before the command name
   (``radixjobs --dsn X serve``) counts as command line too.
-- Every problem is one line naming the file and the key (or the TOML line): unknown keys, wrong types, values
-  out of range, unreadable files, invalid TOML. Nothing is applied from a file with a problem.
+- Every problem is one line naming the file, the line and the key (or the TOML line): unknown keys (with the
+  nearest known key when one is close), wrong types, values out of range, unreadable files, invalid TOML.
+  Nothing is applied from a file with a problem. A value the command itself refuses later (``serve``'s
+  ``http`` address) is reported the same way when it came from the file (``bad_value``), not as its flag.
 - A file that holds a secret (a DSN's password, the console token) is refused when every user may read it and
   warned about when its group may (radixjobs.config_exposure); the warning is kept in ``ctx.meta`` for the
   caller to log, at start and on every reload, since logging is set up after the options are parsed.
@@ -17,10 +19,12 @@ Invariants:
 
 from __future__ import annotations
 
+import difflib
 import os
+import re
 import tomllib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -75,25 +79,49 @@ def _kind(param: click.Option) -> tuple[tuple[type, ...], str]:
     return (str,), "a string"
 
 
-def _check(ctx: click.Context, path: Path, key: str, param: click.Option, value: Any) -> Any:
+# A top-level key (bare or quoted) or a table header, at the start of a line: where a key is, for an error.
+_KEY_LINE = re.compile(r"""^[ \t]*(?:\[+[ \t]*)?(?:"([^"\n]*)"|'([^'\n]*)'|([A-Za-z0-9_-]+))""")
+
+
+def key_lines(text: str) -> dict[str, int]:
+    """The line (1-based) of each top-level key and table of a TOML text, the first when repeated."""
+    lines: dict[str, int] = {}
+    in_table = False
+    for number, line in enumerate(text.splitlines(), start=1):
+        found = _KEY_LINE.match(line)
+        if found is None or (in_table and not line.lstrip().startswith("[")):
+            continue
+        in_table = in_table or line.lstrip().startswith("[")
+        lines.setdefault(next(group for group in found.groups() if group is not None), number)
+    return lines
+
+
+def where(path: Path, key: str, lines: dict[str, int]) -> str:
+    """``config file PATH, line N: key 'KEY'`` (without the line when it is not known)."""
+    line = f", line {lines[key]}" if key in lines else ""
+    return f"config file {path}{line}: key '{key}'"
+
+
+def _check(ctx: click.Context, path: Path, key: str, param: click.Option, value: Any,
+           lines: dict[str, int]) -> Any:
     """The value, converted and validated as the command line would be; ConfigFileError otherwise."""
-    where = f"config file {path}: key '{key}'"
+    where_key = where(path, key, lines)
     types, name = _kind(param)
 
     def one(item: Any) -> Any:
         if (isinstance(item, bool) and bool not in types) or not isinstance(item, types):
-            raise ConfigFileError(f"{where}: expected {name}, got {_toml_type(item)}")
+            raise ConfigFileError(f"{where_key}: expected {name}, got {_toml_type(item)}")
         try:
             return param.type.convert(item, param, ctx)
         except click.BadParameter as exc:
-            raise ConfigFileError(f"{where}: {exc.message}") from None
+            raise ConfigFileError(f"{where_key}: {exc.message}") from None
 
     if param.multiple:
         items = value if isinstance(value, list) else [value]
         return tuple(one(item) for item in items)
     if isinstance(value, list):
         if len(value) != 1:
-            raise ConfigFileError(f"{where}: takes one value; a list of {len(value)} is not supported")
+            raise ConfigFileError(f"{where_key}: takes one value; a list of {len(value)} is not supported")
         value = value[0]
     if param.is_flag and not param.count:
         one(value)
@@ -116,6 +144,8 @@ class Loaded:
     path: Path
     values: dict[str, Any]
     warning: str | None = None
+    keys: dict[str, str] = field(default_factory=dict)  # param name -> the key it was given as
+    lines: dict[str, int] = field(default_factory=dict)  # key -> its line in the file
 
 
 def load(ctx: click.Context, command: click.Command, path: Path) -> Loaded:
@@ -137,16 +167,45 @@ def load(ctx: click.Context, command: click.Command, path: Path) -> Loaded:
     if exposure is not None and exposure.refused:
         raise ConfigFileError(exposure.message)
     values: dict[str, Any] = {}
+    keys: dict[str, str] = {}
+    lines = key_lines(text)
     for key, value in document.items():
         param = known.get(key)
         if param is None:
-            hint = key.replace("_", "-")
-            suggestion = f" (did you mean '{hint}'?)" if hint in known else ""
-            raise ConfigFileError(f"config file {path}: unknown key '{key}'{suggestion}; the keys are the long "
-                                  f"flags of `{ctx.command_path}` without the dashes")
+            line = f", line {lines[key]}" if key in lines else ""
+            raise ConfigFileError(f"config file {path}{line}: unknown key '{key}'{_suggestion(key, value, known)}; the "
+                                  f"keys are the long flags of `{ctx.command_path}` without the dashes")
         assert param.name is not None
-        values[param.name] = _check(ctx, path, key, param, value)
-    return Loaded(path, values, exposure.message if exposure is not None else None)
+        values[param.name] = _check(ctx, path, key, param, value, lines)
+        keys[param.name] = key
+    return Loaded(path, values, exposure.message if exposure is not None else None, keys, lines)
+
+
+def _suggestion(key: str, value: Any, known: dict[str, click.Option]) -> str:
+    """`` (did you mean 'KEY'?)`` for the known key nearest a misspelt one (dashes for underscores first);
+    none for a table (``[serve]``: the keys are top-level, not a misspelt flag)."""
+    dashed = key.replace("_", "-")
+    if isinstance(value, dict):
+        return ""
+    close = [dashed] if dashed in known else difflib.get_close_matches(dashed, list(known), n=1, cutoff=0.75)
+    return f" (did you mean '{close[0]}'?)" if close else ""
+
+
+def bad_value(name: str, message: str) -> click.ClickException:
+    """The error for a value of option ``name`` the command refused after parsing: naming the file, line and
+    key when the value came from the configuration file, else the flag (and its environment variable)."""
+    ctx = click.get_current_context(silent=True)
+    if ctx is None:
+        return click.BadParameter(message, param_hint=f"--{name.replace('_', '-')}")
+    loaded = ctx.meta.get(CONFIG_META)
+    source = ctx.get_parameter_source(name)
+    if isinstance(loaded, Loaded) and name in loaded.keys and source is ParameterSource.DEFAULT_MAP:
+        return ConfigFileError(f"{where(loaded.path, loaded.keys[name], loaded.lines)}: {message}")
+    param = next((p for p in ctx.command.params if p.name == name), None)
+    hint = f"--{key_of(param) or name}" if param is not None else f"--{name.replace('_', '-')}"
+    if source is ParameterSource.ENVIRONMENT and isinstance(param, click.Option) and isinstance(param.envvar, str):
+        hint = f"{hint} (from {param.envvar})"
+    return click.BadParameter(message, ctx=ctx, param_hint=hint)
 
 
 def _load_callback(ctx: click.Context, _: click.Parameter, value: Path | None) -> Path | None:

@@ -46,15 +46,30 @@ def _cell(value: Any) -> str:
 
 
 def render_table(columns: Sequence[str], rows: Sequence[Sequence[Any]], *, footer: bool = True) -> str:
-    """An aligned table like psql's: header, rule, rows, and "(N rows)"."""
-    cells = [[_cell(v) for v in row] for row in rows]
-    widths = [max([len(c), *(len(r[i]) for r in cells)]) for i, c in enumerate(columns)]
+    """An aligned table like psql's: header, rule, rows, and "(N rows)". A cell with several lines takes as
+    many lines of the table, its neighbours blank below their first."""
+    cells = [[_cell(v).split("\n") for v in row] for row in rows]
+    widths = [max([len(c), *(len(line) for r in cells for line in r[i])]) for i, c in enumerate(columns)]
     lines = [" | ".join(c.center(w) for c, w in zip(columns, widths, strict=True)).rstrip(),
              "-+-".join("-" * w for w in widths)]
     for row in cells:
-        lines.append(" | ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip())
+        for index in range(max((len(cell) for cell in row), default=1)):
+            parts = (cell[index] if index < len(cell) else "" for cell in row)
+            lines.append(" | ".join(v.ljust(w) for v, w in zip(parts, widths, strict=True)).rstrip())
     if footer:
         lines.append(f"({len(rows)} row{'' if len(rows) == 1 else 's'})")
+    return "\n".join(lines)
+
+
+def wrapped(text: Any, width: int = 60, max_lines: int = 5) -> str:
+    """The first line of a text wrapped at ``width`` for a table cell, in at most ``max_lines`` lines (… when
+    cut): long enough for a redacted error and what to do about it."""
+    import textwrap
+
+    first = "" if text is None else str(text).strip().split("\n", 1)[0]
+    lines = textwrap.wrap(first, width)
+    if len(lines) > max_lines:
+        lines = [*lines[:max_lines - 1], one_line(lines[max_lines - 1] + " …", width)]
     return "\n".join(lines)
 
 
@@ -69,25 +84,6 @@ def render_mapping(values: dict[str, Any]) -> str:
     """Key/value lines for one object."""
     width = max((len(k) for k in values), default=0)
     return "\n".join(f"{k.ljust(width)} : {_cell(v)}" for k, v in values.items())
-
-
-def duration(value: dt.timedelta | float | None) -> str:
-    """A duration people read: ``340 ms``, ``1.2 s``, ``2 min 5 s``, ``3 h 12 min`` ('' when unknown)."""
-    if value is None:
-        return ""
-    seconds = value.total_seconds() if isinstance(value, dt.timedelta) else float(value)
-    if seconds < 1:
-        return f"{seconds * 1000:.0f} ms"
-    if seconds < 60:
-        return f"{seconds:.1f} s"
-    if seconds < 3600:
-        return f"{int(seconds // 60)} min {int(seconds % 60)} s"
-    return f"{int(seconds // 3600)} h {int(seconds % 3600 // 60)} min"
-
-
-def timestamp(value: dt.datetime | None) -> str:
-    """A point in time to the millisecond, with its UTC offset ('' when unknown)."""
-    return "" if value is None else value.isoformat(sep=" ", timespec="milliseconds")
 
 
 def one_line(text: Any, width: int = 60) -> str:

@@ -46,6 +46,11 @@ def run_script(conn: psycopg.Connection[Any], text: str,
         yield _run_one(conn, stmt, job_runner)
 
 
+def has_job_statement(text: str) -> bool:
+    """Whether the script holds job DDL (which needs the radix schema); raises ParseError as split_script."""
+    return any(ddl.is_job_statement(stmt.text) for stmt in split_script(text))
+
+
 def execute(conn: psycopg.Connection[Any], script: str) -> list[str]:
     """Run a script of SQL and job DDL (as ``radixjobs sql`` does); returns each statement's tag."""
     return [result.status for result in run_script(conn, script)]

@@ -65,12 +65,18 @@ def test_install_twice(cli: Run) -> None:
     assert "nothing to do" in second.stdout
 
 
-def test_external_dsn_without_schema_asks_for_install(empty_db: str) -> None:
-    res = run_cli("sql", "-c", "select 1", env={"RADIXJOBS_DSN": empty_db})
+def test_external_dsn_without_schema_runs_plain_sql_and_asks_for_install_for_job_ddl(empty_db: str) -> None:
+    env = {"RADIXJOBS_DSN": empty_db}
+    plain = run_cli("sql", "-c", "CREATE SCHEMA app", "-c", "select 1 as one", env=env)
+    assert plain.returncode == 0, plain.stderr  # plain SQL needs no radix schema (the setup before install)
+    job = "CREATE JOB app.j SCHEDULE EVERY INTERVAL '1 hour' RUN AS current_user CALL app.p()"
+    res = run_cli("sql", "-c", "CREATE TABLE app.t ()", "-c", job, env=env)
     assert res.returncode != 0
     assert "run `radixjobs install`" in res.stderr
-    assert run_cli("install", env={"RADIXJOBS_DSN": empty_db}).returncode == 0
-    assert run_cli("sql", "-c", "select 1", env={"RADIXJOBS_DSN": empty_db}).returncode == 0
+    assert run_cli("sql", "-c", "select count(*) from pg_tables where schemaname = 'app'", env=env).stdout \
+        .splitlines()[2].strip() == "0"  # refused before its first statement ran
+    assert run_cli("install", env=env).returncode == 0
+    assert run_cli("sql", "-c", "select 1", env=env).returncode == 0
 
 
 @pytest.mark.parametrize(

@@ -48,6 +48,28 @@ def test_cron_ticks_in_the_jobs_zone_across_the_spring_gap(app: App) -> None:
     assert "(2 rows)" in human.output
 
 
+def test_a_new_cron_job_is_listed_with_the_next_run_the_engine_will_plan(app: App) -> None:
+    name = app.job("CREATE JOB app.nightly SCHEDULE CRON '0 3 * * *' TIME ZONE 'Asia/Tokyo' RUN AS {p} "
+                   "CALL app.record('x')")
+    assert app.state(name)["planned_ns"] is None  # no daemon has planned it
+    result = CliRunner().invoke(jobs_group, ["list", "--json"], env={"RADIXJOBS_DSN": app.dsn})
+    assert result.exit_code == 0, (result.output, result.exception)
+    (listed,) = (j for j in json.loads(result.output) if j["name"] == name)
+    first = next_ticks(app, name, "--count", "1")["ticks"][0]
+    assert listed["next_run_at"] == first["utc"].replace("Z", "+00:00")
+    assert first["local"].endswith("T03:00:00+09:00")
+    assert listed["schedule_words"] == "at 03:00 (Asia/Tokyo)"
+    human = CliRunner().invoke(jobs_group, ["list"], env={"RADIXJOBS_DSN": app.dsn}).output
+    line = next(line for line in human.splitlines() if line.startswith(name))
+    # the schedule in words beside the expression, and the next run in UTC as every CLI time is
+    assert "CRON '0 3 * * *' TIME ZONE 'Asia/Tokyo' | at 03:00 (Asia/Tokyo)" in line
+    assert first["utc"].replace("T", " ") in line
+    shown = CliRunner().invoke(jobs_group, ["show", name], env={"RADIXJOBS_DSN": app.dsn}).output
+    assert "in words" in shown
+    assert "at 03:00 (Asia/Tokyo)" in shown
+    assert first["utc"].replace("T", " ") in shown  # its next run too
+
+
 def test_one_time_and_disabled_jobs(app: App) -> None:
     once = app.job("CREATE JOB app.once SCHEDULE AT TIMESTAMP '2226-01-01T00:00:00Z' RUN AS {p} CALL app.record('x')")
     assert [t["utc"] for t in next_ticks(app, once, "--count", "5")["ticks"]] == ["2226-01-01T00:00:00Z"]

@@ -179,7 +179,8 @@ def test_a_database_without_radix_says_so_to_any_role(pg: PgCluster, bare_db: st
 
 
 def test_history_reads_as_a_table_and_filters(tenants: dict[str, Any], conn: psycopg.Connection[Any]) -> None:
-    """Status, times, a duration with its unit, the error's category and one line of its message;
+    """Status, times, a duration with its unit, the error's category and the first line of its message
+    (wrapped, at most 5 lines);
     --status, --since and --limit filter; bad values are one-line errors."""
     long = "deadlock between the archiver and " + "x" * 300 + "\nCONTEXT: second line"
     conn.execute(

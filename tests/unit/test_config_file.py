@@ -98,7 +98,35 @@ def test_precedence_command_line_file_environment_default(tmp_path: Path) -> Non
 def test_problems_are_one_line_naming_the_key(tmp_path: Path, toml: str, message: str) -> None:
     code, text = run(tmp_path, toml)
     assert code == 2
-    assert text == f"Error: config file {tmp_path / 'radixjobs.toml'}: " + message
+    line = "" if message.startswith("invalid TOML") else ", line 1"
+    assert text == f"Error: config file {tmp_path / 'radixjobs.toml'}{line}: " + message
+
+
+def test_a_misspelt_key_gets_the_nearest_one_and_its_line(tmp_path: Path) -> None:
+    code, text = run(tmp_path, "# the daemon\npoll = 2\n\nper-database-concurency = 4\n")
+    assert code == 2
+    assert text == (f"Error: config file {tmp_path / 'radixjobs.toml'}, line 4: unknown key "
+                    "'per-database-concurency' (did you mean 'per-database-concurrency'?); the keys are the long "
+                    "flags of `group serve` without the dashes")
+    _, far = run(tmp_path, "zzz = 1")
+    assert "did you mean" not in far
+
+
+def test_serve_reports_a_bad_value_from_the_file_as_its_key(tmp_path: Path) -> None:
+    path = tmp_path / "radixjobs.toml"
+    path.write_text('log-format = "json"\nhttp = "no-port-here"\n', encoding="utf-8")
+    result = CliRunner().invoke(cli, ["serve", "--config", str(path)])
+    assert result.exit_code == 2
+    last = result.output.strip().splitlines()[-1]
+    assert last.startswith(f"Error: config file {path}, line 2: key 'http': "), last
+    assert "--http" not in last
+    flag = CliRunner().invoke(cli, ["serve", "--http", "no-port-here"])
+    assert flag.exit_code == 2
+    assert "Invalid value for --http: expected HOST:PORT or off" in flag.output
+    typo = tmp_path / "typo.toml"
+    typo.write_text("conurrency = 4\n", encoding="utf-8")
+    misspelt = CliRunner().invoke(cli, ["serve", "--config", str(typo)])
+    assert "unknown key 'conurrency' (did you mean 'concurrency'?)" in misspelt.output
 
 
 def test_unreadable_file(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""The console's presentation helpers: schedules in words, relative times, percentiles."""
+"""The console's presentation helpers: schedules in words (radixjobs.timewords), relative times, percentiles."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ def test_schedules_in_words() -> None:
     assert present.schedule_words({"schedule_kind": "every", "interval_ns": 7_200_000_000_000}) == "every 2 hours"
     assert present.schedule_words({"schedule_kind": "every", "interval_ns": 1_500_000_000}) == "every 1.5 seconds"
     assert present.schedule_words({"schedule_kind": "cron", "cron_expression": "0 * * * *",
-                                   "cron_time_zone": "Europe/Paris"}) == "cron '0 * * * *' (Europe/Paris)"
-    assert present.schedule_words({"schedule_kind": "at", "at_ns": 0}) == "once at 1970-01-01T00:00:00Z"
+                                   "cron_time_zone": "Europe/Paris"}) == "every hour (Europe/Paris)"
+    assert present.schedule_words({"schedule_kind": "at", "at_ns": 0}) == "once at 1970-01-01 00:00:00Z"
     assert present.schedule_words({"schedule_kind": "document", "schedule_text": "NOW() + INTERVAL '1 hour'"}) \
         == "document: NOW() + INTERVAL '1 hour'"
 

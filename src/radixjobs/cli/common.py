@@ -14,6 +14,7 @@ import psycopg
 
 from radixjobs import migrate, output
 from radixjobs.config import Target, open_target
+from radixjobs.config_file import bad_value
 from radixjobs.db import bound_lock_waits, connect
 from radixjobs.engine.batches import BATCH_MAX
 from radixjobs.errors import RadixError
@@ -87,8 +88,10 @@ def _flag_wins(ctx: click.Context, name: str, own: Any, parent: Any) -> Any:
 
 
 @contextlib.contextmanager
-def database(opts: Options, *, need_schema: bool = True, pinned: bool = True) -> Iterator[psycopg.Connection[Any]]:
-    """A connection to the target; the embedded default gets the schema installed on the way.
+def database(opts: Options, *, need_schema: bool = True, pinned: bool = True,
+             embedded_schema: bool = False) -> Iterator[psycopg.Connection[Any]]:
+    """A connection to the target; the embedded default gets the schema installed on the way (when the
+    command needs it, or ``embedded_schema``).
 
     Pinned (search_path = pg_catalog, pg_temp) and with lock waits bounded (RADIXJOBS_LOCK_TIMEOUT) unless it
     runs the user's own SQL text (``pinned=False``: the user's search_path and lock_timeout).
@@ -96,7 +99,7 @@ def database(opts: Options, *, need_schema: bool = True, pinned: bool = True) ->
     with open_target(opts.dsn, opts.home) as target, connect(target.dsn, pinned=pinned) as conn:
         if pinned:
             bound_lock_waits(conn)
-        if need_schema:
+        if need_schema or (embedded_schema and target.embedded is not None):
             ensure_schema(conn, target)
         yield conn
 
@@ -110,6 +113,33 @@ def ensure_schema(conn: psycopg.Connection[Any], target: Target) -> None:
         migrate.install(conn)
     else:
         migrate.check_ready(conn)
+
+
+def command_name() -> str:
+    """How to run this radixjobs again from the same shell: ``radixjobs`` when that name on the PATH is this
+    program, else the path it was started by (``.venv/bin/radixjobs`` after ``make run``), else
+    ``python -m radixjobs`` with this interpreter."""
+    import os
+    import shlex
+    import shutil
+    import sys
+
+    started = sys.argv[0] if sys.argv else ""
+    if not started or started.endswith("__main__.py") or not os.path.isfile(started):
+        return f"{shlex.quote(_shown_path(sys.executable))} -m radixjobs"
+    on_path = shutil.which("radixjobs")
+    if on_path is not None and os.path.realpath(on_path) == os.path.realpath(started):
+        return "radixjobs"
+    return shlex.quote(_shown_path(started))
+
+
+def _shown_path(path: str) -> str:
+    """``path`` relative to the working directory when it is below it (as typed there), else absolute."""
+    import os
+
+    absolute = os.path.abspath(path)
+    relative = os.path.relpath(absolute)
+    return relative if not relative.startswith("..") and os.sep in relative else absolute
 
 
 def emit(opts: Options, value: Any, human: str) -> None:
@@ -146,8 +176,7 @@ def check_reserved_slots(reserved: int | None, slots: int, slots_flag: str) -> N
     try:
         reserved_slots(slots, reserved)
     except ValueError:
-        raise click.BadParameter(f"{reserved} is more than the {slots} slots of {slots_flag}",
-                                 param_hint="--reserved-slots") from None
+        raise bad_value("reserved_slots", f"{reserved} is more than the {slots} slots of {slots_flag}") from None
 
 
 def tick_batch_option(function: F) -> F:

@@ -6,7 +6,7 @@ from typing import Any
 
 import click
 
-from radixjobs import output
+from radixjobs import output, timewords
 from radixjobs.cli.common import Options, common_options, database, emit
 from radixjobs.errors import RadixError
 from radixjobs.model import HISTORY_STATUSES
@@ -24,22 +24,57 @@ def jobs_list(opts: Options) -> None:
     from radixjobs import catalog, documents
 
     with database(opts) as conn:
-        jobs = catalog.list_jobs(conn) + documents.overview(conn)
-    emit(opts, jobs, output.render_records(jobs, catalog.LIST_COLUMNS))
+        jobs = [_with_next_run(job) for job in catalog.list_jobs(conn)]
+        jobs = [{**job, "schedule_words": timewords.schedule_words(job)} for job in jobs]
+        jobs += [{**doc, "schedule_words": ""} for doc in documents.overview(conn)]
+    rows = [[job["name"], job["schedule"], job["schedule_words"], job["principal"], job["procedure"],
+             job["enabled"], job["definition_version"], job["status"], timewords.instant(job["next_run_at"])]
+            for job in jobs]
+    emit(opts, jobs, output.render_table(LIST_HEADERS, rows))
+
+
+LIST_HEADERS = ("name", "schedule", "in words", "principal", "procedure", "enabled", "definition_version", "status",
+                "next run (UTC)")
+
+
+def _with_next_run(job: dict[str, Any]) -> dict[str, Any]:
+    """``job`` with the next run of a CRON job no daemon has planned yet: the tick the engine will plan
+    (``_upcoming``, as ``jobs next`` lists it); the database alone cannot evaluate a cron expression."""
+    from datetime import UTC, datetime
+
+    from radixjobs.errors import ScheduleError
+
+    if job["next_run_at"] is not None or job["schedule_kind"] != "cron" or job["status"] != "scheduled":
+        return job
+    try:
+        ticks = _upcoming(job, None, 1)
+    except ScheduleError:
+        return job  # the engine fails such a job (invalid_schedule) when it plans it
+    if not ticks:
+        return job
+    return {**job, "next_run_at": datetime.fromtimestamp(ticks[0] // 1_000_000_000, UTC)}
 
 
 @jobs_group.command("show")
 @click.argument("name")
 @common_options
 def jobs_show(opts: Options, name: str) -> None:
-    """One job in full (NAME is schema.name)."""
+    """One job in full (NAME is schema.name); times in UTC, the schedule also in words."""
+    from datetime import datetime
+
     from radixjobs import catalog
 
     with database(opts) as conn:
         job = catalog.get_job(conn, name)
     if job is None:
         raise RadixError(f"job {name} does not exist (or is not visible to this role)")
-    human = dict(job)
+    job = {**_with_next_run(job), "schedule_words": timewords.schedule_words(job)}
+    human: dict[str, Any] = {}
+    for key, value in job.items():
+        if key != "schedule_words":
+            human[key] = timewords.instant(value) if isinstance(value, datetime) else value
+        if key == "schedule":
+            human["in words"] = job["schedule_words"]
     human["arguments"] = catalog.describe_arguments(job["arguments"])
     human["timeout"] = catalog.describe_timeout(job["deadline_ms"])
     human["coalesce"] = "on" if job["coalesce_ticks"] else "off"
@@ -249,7 +284,7 @@ def _history_row(row: dict[str, Any]) -> list[Any]:
     raw = row.get("error")
     error: dict[str, Any] = raw if isinstance(raw, dict) else {}
     message = error.get("message") or error.get("kind") or ""
-    return [row["status"], row.get("run_kind", "schedule"), output.timestamp(row["planned_at"]),
-            output.timestamp(row["started_at"]),
-            output.duration(row["duration"]), row["attempt"], error.get("category") or "",
-            output.one_line(message)]
+    return [row["status"], row.get("run_kind", "schedule"), timewords.instant(row["planned_at"], milliseconds=True),
+            timewords.instant(row["started_at"], milliseconds=True),
+            timewords.elapsed(row["duration"]), row["attempt"], error.get("category") or "",
+            output.wrapped(message)]  # whole, wrapped: a redacted error ends with what to do about it

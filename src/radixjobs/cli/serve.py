@@ -12,6 +12,7 @@ from radixjobs import output
 from radixjobs.cli.common import (
     Options,
     check_reserved_slots,
+    command_name,
     common_options,
     database,
     emit,
@@ -22,7 +23,7 @@ from radixjobs.cli.common import (
     tick_batch_option,
 )
 from radixjobs.config import Target, open_target, resolve_dsn
-from radixjobs.config_file import ConfigFileCommand, config_option, config_warning
+from radixjobs.config_file import ConfigFileCommand, bad_value, config_option, config_warning
 from radixjobs.db import connect
 from radixjobs.errors import ConnectError
 
@@ -144,11 +145,11 @@ def _http_endpoint(http: str, entries: tuple[str, ...]) -> tuple[str, list[socke
     try:
         address = parse_http(http)
     except ValueError as exc:
-        raise click.BadParameter(str(exc), param_hint="--http") from None
+        raise bad_value("http", str(exc)) from None
     try:
         hosts = AllowedHosts.of(entries) if entries else None
     except ValueError as exc:
-        raise click.BadParameter(str(exc), param_hint="--http-allowed-hosts") from None
+        raise bad_value("http_allowed_hosts", str(exc)) from None
     if address is None:
         return "", [], None
     sockets = listen(*address)
@@ -163,7 +164,7 @@ def _check_notify_url(url: str | None) -> None:
         return
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise click.BadParameter("expected an http:// or https:// URL", param_hint="--notify-url")
+        raise bad_value("notify_url", "expected an http:// or https:// URL")
 
 
 def _loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
@@ -173,8 +174,7 @@ def _loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop] | None
     try:
         import uvloop
     except ImportError:
-        raise click.BadParameter("uvloop is not installed (pip install 'radixjobs[uvloop]')",
-                                 param_hint="--event-loop") from None
+        raise bad_value("event_loop", "uvloop is not installed (pip install 'radixjobs[uvloop]')") from None
     return uvloop.new_event_loop
 
 
@@ -205,11 +205,11 @@ def _console_auth(dsn: str, mode: str, token: str | None) -> Any:
 
     if mode == "postgres":
         if token:
-            raise click.BadParameter("a token is for --http-auth token", param_hint="--http-token")
+            raise bad_value("http_token", "a token is for --http-auth token")
         refuse_passwordless(dsn)
         return ConsoleAuth("postgres")
     if token is not None and len(token) < 16:
-        raise click.BadParameter("the console token must be at least 16 characters", param_hint="--http-token")
+        raise bad_value("http_token", "the console token must be at least 16 characters")
     return ConsoleAuth("token", token)
 
 
@@ -242,8 +242,9 @@ async def _serve(daemon: Any, http_host: str, sockets: list[socket.socket], demo
     else:
         raise_nofile_limit()
     if demo:
-        click.echo("demo job demo.heartbeat runs every 5 s: see `radixjobs jobs history demo.heartbeat` "
-                   "or `radixjobs sql -c 'select * from demo.runs order by id desc limit 5'`", err=True)
+        me = command_name()
+        click.echo(f"demo job demo.heartbeat runs every 5 s: see `{me} jobs history demo.heartbeat` "
+                   f"or `{me} sql -c 'select * from demo.runs order by id desc limit 5'`", err=True)
     try:
         await daemon.run()
     finally:

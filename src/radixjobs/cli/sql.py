@@ -18,15 +18,20 @@ from radixjobs.cli.common import Options, common_options, database, decode_utf8,
               help="SQL script to run ('-' for standard input).")
 @common_options
 def sql_command(opts: Options, texts: tuple[str, ...], file: Any) -> None:
-    """Run SQL (and job DDL) from -c TEXT (repeatable), -f FILE or standard input, statement by statement."""
-    from radixjobs.scripts import run_script
+    """Run SQL (and job DDL) from -c TEXT (repeatable), -f FILE or standard input, statement by statement.
+
+    Plain SQL runs on any database (CREATE DATABASE, CREATE ROLE before `radixjobs install`); a script with
+    job DDL needs the radix schema, checked before its first statement runs."""
+    from radixjobs.scripts import has_job_statement, run_script
 
     if texts and file is not None:
         raise click.UsageError("give either -c or -f, not both")
     if not texts:
         stream = file if file is not None else sys.stdin.buffer
         texts = (decode_utf8(stream.read(), input_name(file)),)
-    with database(opts, pinned=False) as conn:  # the user's SQL, in the user's own search_path
+    need_schema = any(has_job_statement(text) for text in texts)
+    # the user's SQL, in the user's own search_path; the embedded server gets its schema either way
+    with database(opts, pinned=False, need_schema=need_schema, embedded_schema=True) as conn:
         for result in (result for text in texts for result in run_script(conn, text)):
             if opts.json:
                 if result.returns_rows:
@@ -35,8 +40,6 @@ def sql_command(opts: Options, texts: tuple[str, ...], file: Any) -> None:
                 click.echo(output.render_table(result.columns, result.rows))
             elif result.status:
                 click.echo(result.status)
-
-
 
 
 @click.command("install")

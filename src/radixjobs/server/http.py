@@ -146,7 +146,7 @@ def parse_http(value: str) -> tuple[str, int] | None:
         return None
     host, sep, port = value.rpartition(":")
     if not sep or not host or not port.isdigit() or int(port) > 65535:
-        raise ValueError(f"--http must be HOST:PORT or off, got {value!r}")
+        raise ValueError(f"expected HOST:PORT or off, got {value!r}")
     return host.strip("[]"), int(port)
 
 
