@@ -205,9 +205,10 @@ def test_status_metrics_healthz_stay_bounded(app: App, tmp_path: Path) -> None:
         code, metrics = daemon.get("/metrics")
         assert code == 200
         series = [line for line in metrics.splitlines() if line and not line.startswith("#")]
-        # fixed, whatever the number of jobs and errors: 27 counters and gauges, 7 per --dsn target, and four
-        # histograms (claims, attempts by outcome) of len(LATENCY_BUCKETS_S) + 1 buckets, a sum and a count each
-        assert len(series) == 27 + 7 + 4 * (len(LATENCY_BUCKETS_S) + 3)
+        # fixed, whatever the number of jobs and errors: 31 counters and gauges (4 of them the failure events'),
+        # 7 per --dsn target, and four histograms (claims, attempts by outcome) of len(LATENCY_BUCKETS_S) + 1
+        # buckets, a sum and a count each
+        assert len(series) == 31 + 7 + 4 * (len(LATENCY_BUCKETS_S) + 3)
         assert "secret table" not in metrics
         assert 'radixjobs_failures_total{category="raised_exception"}' in metrics
         assert daemon.get("/healthz") == (200, "ok")
