@@ -333,3 +333,25 @@ def test_cron_job_coalesces_to_the_latest_due_tick(app: App) -> None:
     assert ran_at.second == 0
     state = app.state(name)
     assert state["planned_ns"] - 300 * 10**9 == app.history(name)[0]["planned_ns"]
+
+
+def test_a_claim_whose_non_atomic_attempt_began_is_not_handed_back(app: App) -> None:
+    """A node's shutdown hands back only the claims it never began: a non-atomic attempt whose begin committed
+    (its backend then gone, its outcome never recorded) may have committed effects, so its tick is kept and
+    resumed with the same key once the node is gone, not released and coalesced away."""
+    _procedure(app, "COMMIT; CALL app.record('step');")
+    name = app.job("CREATE JOB app.n SCHEDULE EVERY INTERVAL '1 second' RUN AS {p} CALL app.p()")
+    app.conn.execute("UPDATE radix.jobs SET non_atomic = true")
+    app.make_due(name)
+    app.conn.execute("SELECT radix.register_node('gone', 'localhost', 0)")
+    ((job_id, token, planned),) = app.conn.execute(
+        "SELECT job_id, lease_token, planned_ns FROM radix.claim_due('gone', 10)").fetchall()
+    with psycopg.connect(app.dsn, user=app.principal, autocommit=True) as principal:
+        principal.execute("SELECT radix.begin_attempt(%s, %s)", (job_id, token))
+    assert app.conn.execute("SELECT radix.release_claims('gone')").fetchone() == (0,)
+    state = app.state(name)
+    assert (state["status"], state["planned_ns"], state["attempt"]) == ("running", planned, 1)
+    # a claim that never began is handed back
+    app.conn.execute("UPDATE radix.attempt_frames SET lease_token = gen_random_uuid() WHERE job_id = %s", (job_id,))
+    assert app.conn.execute("SELECT radix.release_claims('gone')").fetchone() == (1,)
+    assert app.state(name)["status"] == "scheduled"

@@ -51,6 +51,11 @@ SET jit = off
 RETURN (SELECT count(DISTINCT coalesce(n.hostname || ':' || n.pid, n.node_id)) FROM radix.nodes n
         WHERE radix.node_alive(n.node_id));
 
+-- A node shutting down hands back the claims it holds whose attempt never began: the tick is due again at
+-- once, its attempt not counted. A claim whose attempt began is kept: a frame under its lease token (a
+-- non-atomic attempt's begin commits on its own, before its CALL) means effects may have committed, so the
+-- tick must run again as itself, with the same key (resumed once the node is gone), never be coalesced away
+-- as a tick that did not run.
 CREATE OR REPLACE FUNCTION radix.release_claims(node text) RETURNS integer
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
@@ -64,7 +69,9 @@ BEGIN
                                                                ELSE 'scheduled' END,
             attempt = s.attempt - 1, due_ns = radix.to_ns(clock_timestamp()),
             lease_node = NULL, lease_token = NULL, lease_expires_at = NULL, updated_at = clock_timestamp()
-        WHERE s.lease_node = release_claims.node AND s.status = 'running' AND NOT radix.job_has_live_frame(s.job_id)
+        WHERE s.lease_node = release_claims.node AND s.status = 'running'
+          AND NOT EXISTS (SELECT 1 FROM radix.attempt_frames f WHERE f.job_id = s.job_id
+                                                                  AND f.lease_token = s.lease_token)
         RETURNING s.job_id, s.planned_ns, s.attempt + 1 AS attempt
     ), closed AS (
         UPDATE radix.radix_system_job_history h SET status = 'released', finished_at = clock_timestamp()
