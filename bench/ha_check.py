@@ -91,11 +91,19 @@ def history_matches_effects(final: Snapshot) -> dict[str, int]:
             "once_effects_twice": sum(n - 1 for n in once.values() if n > 1)}
 
 
+def _statuses(final: Snapshot) -> defaultdict[str, list[str]]:
+    """Each idempotency key's attempts, by status, in the order they started."""
+    statuses: defaultdict[str, list[str]] = defaultdict(list)
+    for row in sorted(final.history, key=lambda r: r[4]):
+        statuses[row[1]].append(row[3])
+    return statuses
+
+
 def non_atomic(final: Snapshot, bounds: list[float]) -> list[dict[str, Any]]:
     """Per event window, what the non-atomic jobs' ticks saw: attempts by status, the errors, ticks whose
-    steps ran more than once (a cut-off attempt run again), ticks never finished."""
+    steps ran more than once (a cut-off attempt run again), ticks never finished (with their attempts)."""
     windows: list[dict[str, Any]] = [{"attempts": Counter(), "errors": Counter(), "ticks_rerun": 0,
-                                      "ticks_unfinished": 0} for _ in bounds]
+                                      "ticks_unfinished": []} for _ in bounds]
     for _, _, job, status, started, _, _, error in final.history:
         index = _window(started, bounds)
         if job in NON_ATOMIC_JOBS and index is not None:
@@ -106,13 +114,15 @@ def non_atomic(final: Snapshot, bounds: list[float]) -> list[dict[str, Any]]:
     for _, key, job, step, at in final.effects:
         if job in NON_ATOMIC_JOBS:
             steps[key].append((step, at))
-    for key_steps in steps.values():
+    statuses = _statuses(final)
+    for key, key_steps in steps.items():
         index = _window(min(at for _, at in key_steps), bounds)
         if index is None:
             continue
-        firsts = sum(1 for step, _ in key_steps if step == 1)
-        windows[index]["ticks_rerun"] += firsts > 1
-        windows[index]["ticks_unfinished"] += not any(step == 3 for step, _ in key_steps)
+        windows[index]["ticks_rerun"] += sum(1 for step, _ in key_steps if step == 1) > 1
+        if not any(step == 3 for step, _ in key_steps):
+            windows[index]["ticks_unfinished"].append(
+                f"steps {sorted(step for step, _ in key_steps)}, attempts {statuses[key] or 'none kept'}")
     return [{"attempts": dict(w["attempts"]), "errors": dict(w["errors"].most_common(4)),
              "ticks_rerun": w["ticks_rerun"], "ticks_unfinished": w["ticks_unfinished"]} for w in windows]
 
@@ -127,8 +137,8 @@ def chain(final: Snapshot, before: Snapshot, done_at: float) -> dict[str, Any]:
             done[job][planned] += 1
     first_done = {row[6] for row in final.history
                   if row[2] == "chain_a" and row[3] == "succeeded" and row[5] is not None and row[5] < done_at}
-    in_flight = before.running(CHAIN)
+    in_flight, statuses = before.running(CHAIN), _statuses(final)
     return {"ticks_complete": sum(1 for p in done["chain_a"] if done["chain_c"][p] == 1),
             "ticks_incomplete": sum(1 for p in done["chain_a"] if p in first_done and done["chain_c"][p] != 1),
-            "links_in_flight": [f"{row[2]}: {'succeeded once' if done[row[2]][row[6]] == 1 else 'NOT succeeded'}"
-                                for row in in_flight]}
+            "links_in_flight": [f"{row[2]}: {'succeeded once' if done[row[2]][row[6]] == 1 else 'not succeeded'}, "
+                                f"attempts {statuses[row[1]]}" for row in in_flight]}
