@@ -39,9 +39,12 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main() -> None:
-    args = parser().parse_args()
+    top = parser()
+    args = top.parse_args()
     module = importlib.import_module(f"scenarios.{args.scenario}")
     if hasattr(module, "run_own_servers"):
+        if args.dsn or args.setting or args.pg_bin:
+            top.error(f"{args.scenario} builds its own servers: --dsn, --setting and --pg-bin do not apply")
         result, version = module.run_own_servers(args)
         emit(args.scenario, result, args.json, getattr(module, "render", None), version)
         return
