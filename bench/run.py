@@ -1,8 +1,9 @@
 """Benchmarks of radixjobs: ``python bench/run.py SCENARIO [--json] [options]``.
 
-Scenarios: baseline, throughput, floor, tickcost, lateness, scale, failover, clusters, compare, profile (see
+Scenarios: baseline, throughput, floor, tickcost, lateness, scale, failover, clusters, compare, profile, ha (see
 docs/benchmarks.md). Each creates its own embedded server in a temporary directory (or uses ``--dsn``, a superuser
-DSN, or ``--pg-bin``: an embedded server from another PostgreSQL's binaries) and its own database.
+DSN, or ``--pg-bin``: an embedded server from another PostgreSQL's binaries) and its own database; ``ha`` builds
+its own Patroni cluster instead (``run_own_servers``), and takes none of those three options.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import bench_database, emit, parse_settings
 
 SCENARIOS = ("baseline", "throughput", "floor", "tickcost", "lateness", "scale", "failover", "clusters", "compare",
-             "profile")
+             "profile", "ha")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -38,8 +39,15 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main() -> None:
-    args = parser().parse_args()
+    top = parser()
+    args = top.parse_args()
     module = importlib.import_module(f"scenarios.{args.scenario}")
+    if hasattr(module, "run_own_servers"):
+        if args.dsn or args.setting or args.pg_bin:
+            top.error(f"{args.scenario} builds its own servers: --dsn, --setting and --pg-bin do not apply")
+        result, version = module.run_own_servers(args)
+        emit(args.scenario, result, args.json, getattr(module, "render", None), version)
+        return
     settings = {**(getattr(module, "SETTINGS", {}) if args.dsn is None else {}), **parse_settings(args.setting)}
     with bench_database(args.scenario, args.dsn, settings, args.pg_bin) as db:
         result = module.run(db, args)
