@@ -215,7 +215,8 @@ def _verdict(final: check.Snapshot, events: list[dict[str, Any]], befores: list[
     matches = check.history_matches_effects(final)
     chain = check.chain(final, check.Snapshot(), chain_done_at)
     violations = {"atomic_duplicates": total, "lost": lost_total, **matches,
-                  "chain_ticks_incomplete": chain["ticks_incomplete"]}
+                  "chain_ticks_incomplete": chain["ticks_incomplete"],
+                  "non_atomic_ticks_unfinished": sum(len(w["ticks_unfinished"]) for w in non_atomic)}
     return {"violations": violations, "violations_total": sum(violations.values()),
             "chain_ticks_complete": chain["ticks_complete"], "effects": len(final.effects),
             "attempts": len(final.history)}
