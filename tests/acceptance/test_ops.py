@@ -118,7 +118,7 @@ def test_a_bad_config_file_is_one_line(tmp_path: Path) -> None:
     result = run_cli("serve", "--config", str(config))
     assert result.returncode == 2
     assert result.stderr.splitlines() == [
-        f"Error: config file {config}: key 'concurrency': 0 is not in the range 1<=x<=1024."]
+        f"Error: config file {config}, line 1: key 'concurrency': 0 is not in the range 1<=x<=1024."]
     config.write_text("concurrency = \n", encoding="utf-8")
     result = run_cli("serve", "--config", str(config))
     assert result.returncode == 2
