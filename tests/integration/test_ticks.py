@@ -68,14 +68,14 @@ def test_a_long_tick_is_published_as_a_lease_and_fenced_by_alter(app: App, held:
     app.make_due(name)
     with Background(app.dsn, concurrency=1, node_id="pub", lease_s=3):  # renewed (and found lost) every second
         # after a second it shows as running, leased to its node, with a running history row
-        wait_for(lambda: app.state(name)["status"] == "running", timeout=30)
+        wait_for(lambda: app.state(name)["status"] == "running", timeout=60)
         assert app.state(name)["lease_node"] == "pub"
         assert _history_statuses(app, name) == ["running"]
         # ALTER JOB re-arms the job: the published lease is gone, the tick is ended and rolls back
         catalog.execute_job_ddl(app.conn, "ALTER JOB app.long SET SCHEDULE EVERY INTERVAL '2 hours'")
         with psycopg.connect(app.dsn, autocommit=True) as spy:
             wait_for(lambda: spy.execute("SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND objid = %s "
-                                         "AND NOT granted", (LOCK,)).fetchone() is None, timeout=30)
+                                         "AND NOT granted", (LOCK,)).fetchone() is None, timeout=60)
     assert app.effects() == []
     assert app.state(name)["interval_ns"] == 2 * 3600 * 10**9
 
@@ -84,9 +84,9 @@ def test_a_published_tick_that_ends_is_recorded_once(app: App, held: psycopg.Con
     _waits(app)
     name = app.job("CREATE JOB app.slow SCHEDULE AT TIMESTAMP '2020-01-01' RUN AS {p} CALL app.waits()")
     with Background(app.dsn, concurrency=1):
-        wait_for(lambda: app.state(name)["status"] == "running", timeout=30)
+        wait_for(lambda: app.state(name)["status"] == "running", timeout=60)
         held.execute("SELECT pg_advisory_unlock(%s)", (LOCK,))
-        wait_for(lambda: app.state(name)["status"] == "complete", timeout=30)
+        wait_for(lambda: app.state(name)["status"] == "complete", timeout=60)
     (h,) = app.history(name)
     assert (h["status"], h["atomic"]) == ("succeeded", True)
     # its start is the tick's, not the publication's a second later
