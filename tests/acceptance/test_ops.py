@@ -219,7 +219,7 @@ def test_a_csp_worker_does_not_outlive_its_scheduler(app: App, tmp_path: Path) -
     pid_file, done_file = tmp_path / "sleeper.pid", tmp_path / "sleeper.done"
     csp_document(app, 1, "sleeper", {"pid_file": str(pid_file), "done_file": str(done_file), "seconds": 120})
     env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}
-    scheduler = subprocess.Popen([sys.executable, "-m", "radixjobs", "docs", "run", "--for", "60", "--service",
+    scheduler = subprocess.Popen([sys.executable, "-m", "radixjobs", "docs", "run", "--for", "600", "--service",
                                   SLEEPER], env={**env, "RADIXJOBS_DSN": app.dsn}, cwd=ROOT,
                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
