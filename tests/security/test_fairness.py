@@ -541,6 +541,7 @@ def test_ties_go_to_the_principal_served_least_recently(three: tuple[App, str, s
     assert _claimed(app.conn, "n1", 1, None, served=[oid[v], oid[h]]) == [f"{w}:w0"]  # v now has 1 running
 
 
+@pytest.mark.usefixtures("batchable")  # batches form whatever the machine's load
 def test_a_batch_never_mixes_long_and_short_ticks(app: App) -> None:
     """A tick batch holds its lead's slot, and its ticks not run in it then run alone there: its ticks are
     all long or all short. The ticks of one batch share their start in the history."""
