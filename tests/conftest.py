@@ -113,13 +113,17 @@ def app(db: str, conn: psycopg.Connection[Any], roles: Any) -> App:
 
 @pytest.fixture
 def batchable(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every procedure counts as short once it has run (BATCH_TICK_MS), and a batch's size does not depend on
-    its duration (BATCH_BUDGET_MS): a first run's time on a busy machine (plans, compiled functions) would make
-    the batches depend on the clock."""
-    from radixjobs.engine import ticks
+    """Every procedure counts as short once it has run (BATCH_TICK_MS), a batch's size does not depend on
+    its duration (BATCH_BUDGET_MS), a lone tick is not published as a lease while it runs (PUBLISH_AFTER_S)
+    and a batch is not cancelled for its time (BATCH_RUN_S): a first run's time on a busy machine (a new
+    backend, plans, compiled functions) would make the batches depend on the clock. A batch still ends at its
+    ticks' statement timeout."""
+    from radixjobs.engine import batches, tick_runner, ticks
 
     monkeypatch.setattr(ticks, "BATCH_TICK_MS", 60_000.0)
     monkeypatch.setattr(ticks, "BATCH_BUDGET_MS", 1e12)
+    monkeypatch.setattr(tick_runner, "PUBLISH_AFTER_S", 3600.0)
+    monkeypatch.setattr(batches, "BATCH_RUN_S", 3600.0)
 
 
 @pytest.fixture(scope="session")

@@ -97,7 +97,7 @@ def make_synchronous(primary: ExternalCluster) -> None:
         conn.execute("SELECT pg_reload_conf()")
         wait_for(lambda: conn.execute("SELECT sync_state FROM pg_stat_replication WHERE application_name = %s",
                                       (STANDBY_NAME,)).fetchone() == ("sync",),
-                 timeout=30, message="the standby to be synchronous")
+                 timeout=60, message="the standby to be synchronous")
 
 
 def replicated_pair() -> Iterator[Pair]:

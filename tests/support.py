@@ -44,7 +44,7 @@ class PgCluster:
         return make_conninfo(**params)  # type: ignore[arg-type]
 
 
-def wait_for(predicate: Callable[[], T], timeout: float = 30.0, interval: float = 0.05,
+def wait_for(predicate: Callable[[], T], timeout: float = 60.0, interval: float = 0.05,
              message: str = "condition") -> T:
     """Poll until predicate() is truthy; returns its value, or fails after timeout seconds."""
     deadline = time.monotonic() + timeout

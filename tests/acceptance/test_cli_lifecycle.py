@@ -52,7 +52,7 @@ def test_alter_set_rename_and_show(cli: Run, roles: Any) -> None:
 def test_jobs_run_wait_reports_the_outcome(cli: Run, roles: Any, db: str) -> None:
     _setup(cli, roles)
     env = {k: v for k, v in os.environ.items() if not k.startswith("PG")} | {"RADIXJOBS_DSN": db}
-    engine = subprocess.Popen([sys.executable, "-m", "radixjobs", "run", "--for", "60"], env=env,
+    engine = subprocess.Popen([sys.executable, "-m", "radixjobs", "run", "--for", "600"], env=env,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         res = cli("jobs", "run", "app.job", "--wait", "--json", timeout=90)

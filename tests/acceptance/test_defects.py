@@ -56,11 +56,11 @@ def test_owner_error_is_logged_counted_and_recovered(app: App, tmp_path: Path) -
         assert failed[0]["error"] == "RaiseException", failed[0]
         assert "provoked by the test" in failed[0]["message"]
         database = wait_for(lambda: (d := daemon.status()["databases"][0])["owner_errors"] >= 1 and d,
-                            timeout=30, message="the counter")
+                            timeout=60, message="the counter")
         assert set(database) == {"name", "connected", "running_attempts", "reconnects", "owner_errors", "cluster"}
         assert "provoked" not in json.dumps(daemon.status())  # counts only, no error text
         # it keeps retrying (with backoff) while the cause is there
-        wait_for(lambda: daemon.status()["databases"][0]["owner_errors"] >= 2, timeout=30,
+        wait_for(lambda: daemon.status()["databases"][0]["owner_errors"] >= 2, timeout=60,
                  message="a retry")
         for stmt in MEND_NEXT_DUE_IN.strip().split(";\n"):
             app.conn.execute(stmt.encode())

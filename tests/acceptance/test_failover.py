@@ -183,7 +183,7 @@ def test_two_daemons_follow_a_primary_failover(pair: Pair, tmp_path: Path) -> No
         new.close()
         for daemon in daemons:
             assert daemon.proc.poll() is None, daemon.log.read_text()[-2000:]
-            wait_for(lambda d=daemon: _healthz(d) == 200, timeout=30, message="healthz after failover")
+            wait_for(lambda d=daemon: _healthz(d) == 200, timeout=60, message="healthz after failover")
             assert daemon.status()["databases"][0]["reconnects"] >= 1
         for daemon in daemons:
             daemon.signal(signal.SIGTERM)

@@ -69,20 +69,20 @@ def test_on_failure_runs_once_across_a_daemon_kill(app: App, roles: Any, tmp_pat
             wait_for(lambda: _sleeping_in(app, "boom" if point == "job" else "alert"), timeout=60,
                      message=f"the daemon inside the {point}")
             if point == "hook":  # the failure's event reached the webhook before the kill
-                wait_for(lambda: len(receiver.bodies) == 1, timeout=30, message="the webhook")
+                wait_for(lambda: len(receiver.bodies) == 1, timeout=60, message="the webhook")
             doomed.signal(signal.SIGKILL)
             doomed.wait()
             app.conn.execute("INSERT INTO app.go VALUES (1), (2)")
             survivor = Serve(tmp_path, "--notify-url", receiver.url, env=env, name="survivor")
             wait_for(lambda: ("on_failure", "succeeded") in _history(app), timeout=60, message="the hook")
-            wait_for(lambda: len(receiver.bodies) >= 1, timeout=30, message="the webhook")
+            wait_for(lambda: len(receiver.bodies) >= 1, timeout=60, message="the webhook")
             survivor.signal(signal.SIGTERM)
             assert survivor.wait() == 0
         finally:
             doomed.stop()
             if survivor is not None:
                 survivor.stop()
-        events = [json.loads(n.payload) for n in listener.notifies(timeout=5, stop_after=1)]
+        events = [json.loads(n.payload) for n in listener.notifies(timeout=60, stop_after=1)]
     alerts = app.conn.execute("SELECT doc FROM app.alerts").fetchall()
     assert len(alerts) == 1  # exactly once: the killed attempt (of the job or of its hook) rolled back
     assert (alerts[0][0]["job"], alerts[0][0]["planned_ns"]) == ("app.f", TICK_NS)

@@ -74,16 +74,16 @@ def test_serve_waits_for_postgresql_that_is_down_at_start(tmp_path: Path) -> Non
         server.stop()
         daemon = Serve(tmp_path, "--dsn", dsn, "--discovery-interval", "1")
         try:
-            wait_for(lambda: events(daemon, "postgres_unreachable"), timeout=30, message="the unreachable line")
+            wait_for(lambda: events(daemon, "postgres_unreachable"), timeout=60, message="the unreachable line")
             assert healthz(daemon) == (503, "not ready: PostgreSQL is not reachable")
             time.sleep(3)  # several retries (0.2 s doubling up to 1 s); the assertion is on the log below
             assert daemon.proc.poll() is None
             assert len(events(daemon, "postgres_unreachable")) == 1
             server.ensure_running(persistent=True)
             server.release()
-            wait_for(lambda: healthz(daemon) == (200, "ok"), timeout=30, message="ready once PostgreSQL runs")
+            wait_for(lambda: healthz(daemon) == (200, "ok"), timeout=60, message="ready once PostgreSQL runs")
             with psycopg.connect(dsn, autocommit=True) as su:
-                wait_for(lambda: su.execute("SELECT count(*) FROM app.effects").fetchone() != (0,), timeout=30,
+                wait_for(lambda: su.execute("SELECT count(*) FROM app.effects").fetchone() != (0,), timeout=60,
                          message="a job run without a restart")
             assert len(events(daemon, "postgres_unreachable")) == 1
             assert len(events(daemon, "postgres_reachable")) == 1
@@ -141,7 +141,7 @@ def test_sighup_reloads_the_file_and_the_services_without_dropping_running_work(
         config.write_text(base + f'service = ["{SLEEPER}", "{MARKER}"]\npoll = 0.5\nconcurrency = 64\n',
                           encoding="utf-8")
         daemon.signal(signal.SIGHUP)
-        reloaded = wait_for(lambda: events(daemon, "reloaded"), timeout=30, message="the reload")[0]
+        reloaded = wait_for(lambda: events(daemon, "reloaded"), timeout=60, message="the reload")[0]
         assert reloaded["applied"] == ["poll", "service"]
         assert reloaded["needs_restart"] == ["concurrency"]
         assert reloaded["services"] == ["added marker"]
@@ -154,7 +154,7 @@ def test_sighup_reloads_the_file_and_the_services_without_dropping_running_work(
         # a configuration with a problem changes nothing
         config.write_text(base + "poll = 'soon'\n", encoding="utf-8")
         daemon.signal(signal.SIGHUP)
-        failed = wait_for(lambda: events(daemon, "reload_failed"), timeout=30, message="the failed reload")[0]
+        failed = wait_for(lambda: events(daemon, "reload_failed"), timeout=60, message="the failed reload")[0]
         assert "key 'poll': expected a number, got a string" in failed["message"]
         assert healthz(daemon) == (200, "ok")
         daemon.signal(signal.SIGTERM)
@@ -219,7 +219,7 @@ def test_a_csp_worker_does_not_outlive_its_scheduler(app: App, tmp_path: Path) -
     pid_file, done_file = tmp_path / "sleeper.pid", tmp_path / "sleeper.done"
     csp_document(app, 1, "sleeper", {"pid_file": str(pid_file), "done_file": str(done_file), "seconds": 120})
     env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}
-    scheduler = subprocess.Popen([sys.executable, "-m", "radixjobs", "docs", "run", "--for", "60", "--service",
+    scheduler = subprocess.Popen([sys.executable, "-m", "radixjobs", "docs", "run", "--for", "600", "--service",
                                   SLEEPER], env={**env, "RADIXJOBS_DSN": app.dsn}, cwd=ROOT,
                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
@@ -228,7 +228,7 @@ def test_a_csp_worker_does_not_outlive_its_scheduler(app: App, tmp_path: Path) -
         assert alive(worker)
         scheduler.kill()
         scheduler.wait(10)
-        wait_for(lambda: not alive(worker), timeout=10, message="the worker to die with its scheduler")
+        wait_for(lambda: not alive(worker), timeout=60, message="the worker to die with its scheduler")
     finally:
         scheduler.kill()
         scheduler.wait(10)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import signal
-import time
 import uuid
 from pathlib import Path
 
@@ -123,12 +122,11 @@ def test_killed_node_is_replaced_within_seconds(app: App, tmp_path: Path) -> Non
         keys = {r[0] for r in app.conn.execute("SELECT idempotency_key FROM radix.radix_system_job_state")}
         doomed.signal(signal.SIGKILL)
         doomed.wait()
-        killed_at = time.monotonic()
         survivor = Serve(tmp_path, env=_dsn_env(app), name="survivor")
+        # within 120 s, however loaded the machine: far sooner than the 5-minute lease
         wait_for(lambda: app.conn.execute(
             "SELECT count(*) FROM radix.radix_system_job_history WHERE node = 'survivor' AND status = 'succeeded'"
-        ).fetchone() == (4,), timeout=60, message="the survivor to finish the ticks")
-        assert time.monotonic() - killed_at < 30  # far sooner than the 5-minute lease
+        ).fetchone() == (4,), timeout=120, message="the survivor to finish the ticks")
         resumed = {r[0] for r in app.conn.execute(
             "SELECT idempotency_key FROM radix.radix_system_job_history WHERE node = 'survivor'")}
         assert resumed == keys
@@ -151,7 +149,7 @@ def test_postgres_restart_under_a_running_daemon(app: App, pg: PgCluster, tmp_pa
     _jobs(app, 5)
     daemon = Serve(tmp_path, env=_dsn_env(app), name="node")
     try:
-        wait_for(lambda: len(app.effects()) >= 10, timeout=30, message="attempts before the restart")
+        wait_for(lambda: len(app.effects()) >= 10, timeout=60, message="attempts before the restart")
         app.conn.close()
         pg.server.restart()
         app.conn = psycopg.connect(app.dsn, autocommit=True)
@@ -168,17 +166,15 @@ def test_postgres_restart_under_a_running_daemon(app: App, pg: PgCluster, tmp_pa
 
 
 def test_sigterm_waits_then_cancels_past_the_grace(app: App, tmp_path: Path) -> None:
-    app.conn.execute("CREATE PROCEDURE app.long() LANGUAGE plpgsql AS $$ BEGIN PERFORM pg_sleep(60); END $$")
+    app.conn.execute("CREATE PROCEDURE app.long() LANGUAGE plpgsql AS $$ BEGIN PERFORM pg_sleep(600); END $$")
     app.job("CREATE JOB app.long SCHEDULE AT TIMESTAMP '2020-01-01' RUN AS {p} CALL app.long()")
     daemon = Serve(tmp_path, "--grace", "1", env=_dsn_env(app), name="node")
     try:
         wait_for(lambda: app.conn.execute("SELECT count(*) FROM pg_stat_activity WHERE query LIKE '%%DO%%CALL%%long%%' "
                                           "AND state = 'active' AND wait_event = 'PgSleep'").fetchone() == (1,),
                  message="the long CALL")
-        started = time.monotonic()
         daemon.signal(signal.SIGTERM)
-        assert daemon.wait(60) == 0
-        assert time.monotonic() - started < 30
+        assert daemon.wait(120) == 0  # cancelled after the 1 s grace, long before its 600 s sleep ends
     finally:
         daemon.stop()
     (h,) = app.history("app.long")
@@ -235,7 +231,7 @@ def test_new_ready_database_is_picked_up(tmp_path: Path) -> None:
                 admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
             with psycopg.connect(make_conninfo(info.dsn(), dbname=name), autocommit=True) as conn:
                 migrate.install(conn)
-            wait_for(lambda: name in {d["name"] for d in daemon.status()["databases"]}, timeout=30,
+            wait_for(lambda: name in {d["name"] for d in daemon.status()["databases"]}, timeout=60,
                      message="the new database to be served")
             daemon.signal(signal.SIGTERM)
             assert daemon.wait() == 0

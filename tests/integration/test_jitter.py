@@ -118,10 +118,10 @@ def test_a_late_job_runs_its_newest_tick_whose_offset_is_over(app: App) -> None:
     over, else the one before it runs, and the newest is next (due at its offset)."""
     name = app.job("CREATE JOB app.j SCHEDULE EVERY INTERVAL '1 hour' RUN AS {p} CALL app.record('j') "
                    "WITH (jitter = '59 minutes')")
-    # a grid time a second ago whose offset is still at least 10 seconds away
+    # a grid time a second ago whose offset is still at least 2 minutes away (however slow the run to come)
     row = app.conn.execute(
         "SELECT c.g FROM radix.jobs j, (SELECT radix.to_ns(clock_timestamp()) - 1000000000 - i * 1000000 AS g "
-        "FROM generate_series(0, 1000) AS i) c WHERE radix._jitter_ns(j.job_id, c.g, j.jitter_ns) > 10000000000 "
+        "FROM generate_series(0, 1000) AS i) c WHERE radix._jitter_ns(j.job_id, c.g, j.jitter_ns) > 120000000000 "
         "ORDER BY c.g DESC LIMIT 1").fetchone()
     assert row is not None
     newest = int(row[0])

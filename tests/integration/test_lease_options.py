@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from typing import Any
 
 import psycopg
@@ -200,15 +199,19 @@ def test_claims_take_the_lease_length_and_renewal_is_fenced(app: App) -> None:
     with psycopg.connect(app.dsn, autocommit=True) as control:
         control.execute("SELECT radix.register_node('n1', 'h', 1)")
         token = _one(app, "SELECT lease_token FROM radix.claim_due('n1', 10, true, NULL, 7)")
-        left = _one(app, "SELECT extract(epoch FROM lease_expires_at - clock_timestamp()) "
-                         "FROM radix.radix_system_job_state")
-        assert 5 < left <= 7
+        # the lease runs 7 s from the claim (its updated_at), whenever this reads it
+        lease = _one(app, "SELECT extract(epoch FROM lease_expires_at - updated_at) FROM radix.radix_system_job_state")
+        assert lease == 7
+        renewing = _one(app, "SELECT clock_timestamp()")
         renewed = app.conn.execute("SELECT radix.renew_leases('n1', ARRAY[%s, gen_random_uuid()], 600)",
                                    (token,)).fetchall()
         assert renewed == [(token,)]
-        left = _one(app, "SELECT extract(epoch FROM lease_expires_at - clock_timestamp()) "
-                         "FROM radix.radix_system_job_state")
-        assert 590 < left <= 600
+        # 600 s from the renewal: no sooner than from just before it, and no later than from now
+        after, left = app.conn.execute("SELECT extract(epoch FROM lease_expires_at - %s::timestamptz), "
+                                       "extract(epoch FROM lease_expires_at - clock_timestamp()) "
+                                       "FROM radix.radix_system_job_state", (renewing,)).fetchone() or (0, 0)
+        assert after >= 600
+        assert left <= 600
         assert app.conn.execute("SELECT radix.renew_leases('n2', ARRAY[%s], 600)", (token,)).fetchall() == []
     # the node's control session is gone (its backend exits asynchronously): nothing is renewed
     wait_for(lambda: app.conn.execute("SELECT radix.renew_leases('n1', ARRAY[%s], 600)", (token,)).fetchall() == [],
@@ -218,46 +221,50 @@ def test_claims_take_the_lease_length_and_renewal_is_fenced(app: App) -> None:
 def test_a_lost_lease_ends_the_attempt_at_once(app: App) -> None:
     """ALTER JOB DISABLE under a running attempt: the next renewal finds the lease gone and ends it,
     instead of letting it run to its timeout."""
-    app.conn.execute("CREATE PROCEDURE app.sleepy() LANGUAGE plpgsql AS $$ BEGIN PERFORM pg_sleep(120); END $$")
+    app.conn.execute("CREATE PROCEDURE app.sleepy() LANGUAGE plpgsql AS $$ BEGIN PERFORM pg_sleep(600); END $$")
     name = app.job(f"CREATE JOB app.sleepy {PAST} RUN AS {{p}} CALL app.sleepy() WITH (timeout = '10 minutes')")
 
-    async def go() -> tuple[Engine, float]:
+    async def go() -> Engine:
         async with Engine(app.dsn, node_id="keeper", lease_s=3) as engine:
             await engine.dispatch_due()
             await asyncio.to_thread(wait_for, lambda: _one(app, "SELECT count(*) FROM pg_stat_activity WHERE "
                                                                 "query LIKE '%%DO%%sleepy%%' AND state = 'active' "
                                                                 "AND wait_event = 'PgSleep'"),
                                     message="the attempt to run")
-            started = time.monotonic()
             await asyncio.to_thread(catalog.alter_job, app.conn, name, enabled=False)
-            await asyncio.wait_for(asyncio.gather(*engine.inflight.tasks), 30)
-            return engine, time.monotonic() - started
+            # ended within 120 s, however loaded the machine: long before its 600 s sleep or 10-minute timeout
+            await asyncio.wait_for(asyncio.gather(*engine.inflight.tasks), 120)
+            return engine
 
-    engine, took = asyncio.run(go())
-    assert took < 15
+    engine = asyncio.run(go())
     assert engine.counters["terminations"] >= 1
     assert app.state(name)["status"] == "disabled"
     assert [h["status"] for h in app.history(name)] == ["lease_lost"]
 
 
 def test_a_running_attempt_keeps_its_lease_past_several_periods(app: App) -> None:
-    app.conn.execute("CREATE PROCEDURE app.nap() LANGUAGE plpgsql AS $$ BEGIN PERFORM pg_sleep(7); "
+    # a 6 s lease renewed every 2 s: a renewal may come up to 4 s late on a loaded machine
+    app.conn.execute("CREATE PROCEDURE app.nap() LANGUAGE plpgsql AS $$ BEGIN PERFORM pg_sleep(14); "
                      "CALL app.record('nap'); END $$")
     name = app.job(f"CREATE JOB app.nap {PAST} RUN AS {{p}} CALL app.nap()")
     expiries: list[Any] = []
 
+    def expiry() -> Any:
+        row = app.conn.execute("SELECT lease_expires_at > clock_timestamp(), lease_expires_at "
+                               "FROM radix.job_overview WHERE status = 'running'").fetchone()
+        return row or (None, None)
+
     async def go() -> Engine:
-        async with Engine(app.dsn, node_id="keeper", lease_s=3) as engine:
+        async with Engine(app.dsn, node_id="keeper", lease_s=6) as engine:
             await engine.dispatch_due()
             while engine.inflight.tasks:
-                row = app.conn.execute("SELECT lease_expires_at > clock_timestamp() FROM radix.job_overview "
-                                       "WHERE status = 'running'").fetchone()
-                expiries.append(row[0] if row else None)
+                expiries.append(await asyncio.to_thread(expiry))  # off the engine's loop: its renewals run on
                 await asyncio.sleep(0.5)
         return engine
 
     engine = asyncio.run(go())
     assert engine.counters["successes"] == 1
-    assert all(e in (True, None) for e in expiries)
+    assert all(live in (True, None) for live, _ in expiries)
+    assert len({at for _, at in expiries if at is not None}) >= 3  # renewed past several periods
     assert [h["status"] for h in app.history(name)] == ["succeeded"]
     assert [e[1] for e in app.effects()] == ["nap"]

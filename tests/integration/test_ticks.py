@@ -4,6 +4,7 @@ failures and procedures that commit inside recorded on the lease path, requests 
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from typing import Any
 
@@ -11,6 +12,9 @@ import psycopg
 import pytest
 
 from radixjobs import catalog
+from radixjobs.engine import tick_runner
+from radixjobs.engine.attempt import AttemptRunner
+from radixjobs.engine.tick_runner import TickRunner
 from tests.apps import App, Background, holding
 from tests.support import wait_for
 
@@ -64,14 +68,14 @@ def test_a_long_tick_is_published_as_a_lease_and_fenced_by_alter(app: App, held:
     app.make_due(name)
     with Background(app.dsn, concurrency=1, node_id="pub", lease_s=3):  # renewed (and found lost) every second
         # after a second it shows as running, leased to its node, with a running history row
-        wait_for(lambda: app.state(name)["status"] == "running", timeout=30)
+        wait_for(lambda: app.state(name)["status"] == "running", timeout=60)
         assert app.state(name)["lease_node"] == "pub"
         assert _history_statuses(app, name) == ["running"]
         # ALTER JOB re-arms the job: the published lease is gone, the tick is ended and rolls back
         catalog.execute_job_ddl(app.conn, "ALTER JOB app.long SET SCHEDULE EVERY INTERVAL '2 hours'")
         with psycopg.connect(app.dsn, autocommit=True) as spy:
             wait_for(lambda: spy.execute("SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND objid = %s "
-                                         "AND NOT granted", (LOCK,)).fetchone() is None, timeout=30)
+                                         "AND NOT granted", (LOCK,)).fetchone() is None, timeout=60)
     assert app.effects() == []
     assert app.state(name)["interval_ns"] == 2 * 3600 * 10**9
 
@@ -80,14 +84,43 @@ def test_a_published_tick_that_ends_is_recorded_once(app: App, held: psycopg.Con
     _waits(app)
     name = app.job("CREATE JOB app.slow SCHEDULE AT TIMESTAMP '2020-01-01' RUN AS {p} CALL app.waits()")
     with Background(app.dsn, concurrency=1):
-        wait_for(lambda: app.state(name)["status"] == "running", timeout=30)
+        wait_for(lambda: app.state(name)["status"] == "running", timeout=60)
         held.execute("SELECT pg_advisory_unlock(%s)", (LOCK,))
-        wait_for(lambda: app.state(name)["status"] == "complete", timeout=30)
+        wait_for(lambda: app.state(name)["status"] == "complete", timeout=60)
     (h,) = app.history(name)
     assert (h["status"], h["atomic"]) == ("succeeded", True)
     # its start is the tick's, not the publication's a second later
     assert (h["finished_at"] - h["started_at"]).total_seconds() >= 1.0
     assert [e[1] for e in app.effects()] == ["ran"]
+
+
+def test_a_tick_published_before_its_query_began_runs_at_once(app: App, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A backend slower than PUBLISH_AFTER_S to start the tick's query (a loaded machine): the publication
+    comes first, and radix.begin_tick then refuses the tick (it is a lease now). The lease is this node's:
+    the tick runs on the lease path at once, instead of waiting for the lease to expire."""
+    name = app.job("CREATE JOB app.once SCHEDULE AT TIMESTAMP '2020-01-01' RUN AS {p} CALL app.record('once')")
+    published = asyncio.Event()
+    publish, run = TickRunner._publish, AttemptRunner.run
+
+    async def publish_first(self: TickRunner, *args: Any) -> None:
+        await publish(self, *args)
+        published.set()
+
+    async def run_after_publication(self: AttemptRunner, *args: Any) -> Any:
+        if len(args) > 6:  # the tick's own query: sent once the publication is done
+            await published.wait()
+        return await run(self, *args)
+
+    monkeypatch.setattr(tick_runner, "PUBLISH_AFTER_S", 0.0)
+    monkeypatch.setattr(TickRunner, "_publish", publish_first)
+    monkeypatch.setattr(AttemptRunner, "run", run_after_publication)
+    engine = app.run(concurrency=1)  # the lease is 300 s: run_due returns only once the tick has run
+    assert published.is_set()
+    assert engine.counters["successes"] == 1
+    assert [e[1] for e in app.effects()] == ["once"]
+    (h,) = app.history(name)
+    assert h["status"] == "succeeded"
+    assert app.state(name)["status"] == "complete"
 
 
 def test_a_failed_tick_is_recorded_and_retried(app: App) -> None:

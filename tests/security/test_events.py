@@ -29,7 +29,7 @@ def test_a_listener_of_another_role_learns_no_name_argument_or_error_text(app: A
     mallory = login(roles("mallory"))
     mallory.execute("LISTEN radix_events")
     app.run()
-    (note,) = list(mallory.notifies(timeout=5, stop_after=1))
+    (note,) = list(mallory.notifies(timeout=60, stop_after=1))
     event = json.loads(note.payload)
     assert set(event) == {"job_id", "status", "run_kind", "category", "attempt", "planned_ns"}
     assert (event["status"], event["run_kind"], event["attempt"]) == ("failed", "schedule", 1)

@@ -204,41 +204,40 @@ def test_shares_are_dealt_by_fewest_running(conn: psycopg.Connection[Any]) -> No
 
 
 # -- through the engine ----------------------------------------------------------------------------------
-async def _watch(t: Tenants, cap: int, within_s: float) -> tuple[int, float]:
-    """Wait (bounded) for the victim's run; returns the most hostile attempts seen running at once and the
-    seconds the victim waited after its job was made."""
+async def _watch(t: Tenants, cap: int, within_s: float) -> int:
+    """Wait (bounded) for the victim's run; returns the most hostile attempts seen running at once."""
     most = 0
     deadline = time.monotonic() + within_s
     while t.running(t.hostile) < cap:
         assert time.monotonic() < deadline, "the hostile jobs never took their share"
         await asyncio.sleep(0.05)
-    made = time.monotonic()
     t.victim_job()
     while not t.victim_ran():
         most = max(most, t.running(t.hostile))
         assert time.monotonic() < deadline, f"the victim did not run (hostile running: {most})"
         await asyncio.sleep(0.05)
-    return max(most, t.running(t.hostile)), time.monotonic() - made
+    return max(most, t.running(t.hostile))
 
 
 def test_the_victim_runs_while_the_hostile_jobs_hold_their_slots(tenants: Tenants) -> None:
-    tenants.attack(jobs=12, hold_s=30)
+    # each hostile attempt holds its slot until its job's timeout (4 minutes): a victim that waited for one to
+    # end would not run within _watch's 120 s
+    tenants.attack(jobs=12, hold_s=600)
 
-    async def go() -> tuple[int, float, int]:
+    async def go() -> tuple[int, int]:
         async with Engine(tenants.db, node_id="fair", concurrency=2) as engine:  # cap: 1 of 2 slots
-            task = asyncio.create_task(engine.run_for(60, poll_s=0.2))
+            task = asyncio.create_task(engine.run_for(600, poll_s=0.2))
             try:
-                most, waited = await _watch(tenants, engine.max_per_principal, within_s=30)
+                most = await _watch(tenants, engine.max_per_principal, within_s=120)
                 holding = tenants.running(tenants.hostile)
             finally:
                 engine.cancel.set()
                 await task
-        return most, waited, holding
+        return most, holding
 
-    most, waited, holding = asyncio.run(go())
+    most, holding = asyncio.run(go())
     assert most == 1
-    assert holding == 1
-    assert waited < 10  # the victim did not wait for a hostile attempt to end (each holds 30 s)
+    assert holding == 1  # the victim ran while the hostile attempt held its slot
     due = tenants.conn.execute("SELECT count(*) FROM radix.radix_system_job_state s JOIN radix.jobs j "
                                "USING (job_id) WHERE j.principal_name = %s AND s.due_ns < 10^12",
                                (tenants.hostile,)).fetchone()
@@ -248,16 +247,15 @@ def test_the_victim_runs_while_the_hostile_jobs_hold_their_slots(tenants: Tenant
 
 def test_the_daemon_caps_each_principal_and_the_flag_beats_the_environment(tenants: Tenants,
                                                                            tmp_path: Path) -> None:
-    tenants.attack(jobs=12, hold_s=30)
+    tenants.attack(jobs=12, hold_s=600)  # each holds its slot until its job's timeout (4 minutes)
     # the environment would allow the hostile principal all 3 slots; the flag allows it 1
     daemon = Serve(tmp_path, "--per-database-concurrency", "3", "--max-per-principal", "1", "--grace", "0",
                    env={"RADIXJOBS_DSN": tenants.db, "RADIXJOBS_MAX_PER_PRINCIPAL": "3"}, name="fair")
     try:
-        most, waited = asyncio.run(_watch(tenants, 1, within_s=60))
+        most = asyncio.run(_watch(tenants, 1, within_s=120))
         assert most == 1
         assert tenants.running(tenants.hostile) == 1
-        assert waited < 15
-        wait_for(lambda: daemon.status()["running_attempts"] == 1, timeout=10,
+        wait_for(lambda: daemon.status()["running_attempts"] == 1, timeout=60,
                  message="the victim's attempt to end while the hostile one runs on")
     finally:
         daemon.stop()
@@ -285,7 +283,7 @@ def test_no_tenant_can_hold_the_claims_up(tenants: Tenants) -> None:
 
 
 # -- documents: the same policy, per node ------------------------------------------------------------------
-HOG_SQL = "CREATE FUNCTION hostile.hog() RETURNS void LANGUAGE sql AS $$ SELECT pg_sleep(30) $$"
+HOG_SQL = "CREATE FUNCTION hostile.hog() RETURNS void LANGUAGE sql AS $$ SELECT pg_sleep(600) $$"
 VICTIM_FN_SQL = ("CREATE FUNCTION victim.task() RETURNS void LANGUAGE sql AS "
                  "$$ INSERT INTO victim.runs DEFAULT VALUES $$")
 DOC_RUNNING_BY = ("SELECT count(*) FROM radix.sys_processes p JOIN radix.cron_table c ON c.num = p.task_num "
@@ -309,30 +307,30 @@ def test_document_runs_are_shared_among_principals(tenants: Tenants) -> None:
         row = tenants.conn.execute(DOC_RUNNING_BY, (tenants.hostile,)).fetchone()
         return int(row[0]) if row else 0
 
-    async def go() -> tuple[int, float]:
+    async def go() -> int:
         async with Engine(tenants.db, node_id="fair", concurrency=2, grace_s=0.5,
                           work=Documents(entry_points=False), jobs=False) as scheduler:  # cap: 1 of 2 slots
-            task = asyncio.create_task(scheduler.run_for(60))
-            deadline = time.monotonic() + 30
+            task = asyncio.create_task(scheduler.run_for(600))
+            # each hostile run holds its slot 600 s (its db timeout: 4 minutes): a victim's task that waited for
+            # one to end would not run within 120 s
+            deadline = time.monotonic() + 120
             try:
                 while running() < 1:
                     assert time.monotonic() < deadline, "the hostile tasks never ran"
                     await asyncio.sleep(0.05)
                 with tenants.as_role(tenants.victim) as c:
                     documents.apply(c, _document(1, "victim.task", tenants.victim))
-                made, most = time.monotonic(), 0
+                most = 0
                 while not tenants.victim_ran():
                     most = max(most, running())
                     assert time.monotonic() < deadline, f"the victim's task did not run (hostile: {most})"
                     await asyncio.sleep(0.05)
-                return max(most, running()), time.monotonic() - made
+                return max(most, running())
             finally:
                 scheduler.cancel.set()
                 await task
 
-    most, waited = asyncio.run(go())
-    assert most == 1
-    assert waited < 10  # not behind a hostile run (each holds 30 s)
+    assert asyncio.run(go()) == 1  # one hostile run at a time, and the victim's task not behind it
 
 
 def test_document_runs_are_dealt_round_robin() -> None:
@@ -433,30 +431,29 @@ def test_long_attempts_leave_the_reserved_slot_to_the_victims_schedule(landlord:
     landlord.hold(t.hostile, t.hostile, 4, "7 days")
     landlord.hold(landlord.second, landlord.second, 4, "7 days")  # owned by the second principal as well
 
-    async def go() -> tuple[int, float, int]:
-        # 4 slots, 2 per principal, 1 reserved: the long attempts hold 3. A 5 s poll: the victim's every-second
-        # schedule is kept by the engine's timer, not by polling.
+    async def go() -> tuple[int, int]:
+        # 4 slots, 2 per principal, 1 reserved: the long attempts hold 3. A 60 s poll: 5 runs of the victim's
+        # every-second job within 120 s are the engine's timer's (about 4 s), not the poll's (4 polls apart).
         async with Engine(t.db, node_id="reserve", concurrency=4, grace_s=0.5) as engine:
             assert (engine.max_per_principal, engine.reserve.long_cap) == (2, 3)
-            task = asyncio.create_task(engine.run_for(120, poll_s=5.0))
+            task = asyncio.create_task(engine.run_for(600, poll_s=60.0))
             try:
-                await _until(lambda: landlord.long_running() == 3, 30, "the long attempts to take their slots")
+                await _until(lambda: landlord.long_running() == 3, 60, "the long attempts to take their slots")
                 landlord.victim_every_second()
                 made, most = time.monotonic(), 3
                 while landlord.victim_runs() < 5:
                     most = max(most, landlord.long_running())
-                    assert time.monotonic() - made < 30, f"the victim ran {landlord.victim_runs()} times"
+                    assert time.monotonic() - made < 120, f"the victim ran {landlord.victim_runs()} times"
                     await asyncio.sleep(0.05)
-                return most, time.monotonic() - made, landlord.long_running()
+                return most, landlord.long_running()
             finally:
                 landlord.stop()
                 engine.cancel.set()
                 await task
 
-    most, took, holding = asyncio.run(go())
+    most, holding = asyncio.run(go())
     assert most == 3  # never the reserved slot
-    assert holding == 3  # the victim ran while every long attempt held its slot
-    assert took < 15  # 5 runs of an every-second job: about 4 s, not a 5 s poll apart (each long one holds 7 days)
+    assert holding == 3  # the victim ran while every long attempt held its slot (each holds 7 days)
 
 
 def test_a_spare_principal_does_not_win_every_turn_of_the_reserved_slot(landlord: Landlord) -> None:
@@ -470,12 +467,12 @@ def test_a_spare_principal_does_not_win_every_turn_of_the_reserved_slot(landlord
 
     async def go() -> tuple[int, int]:
         async with Engine(t.db, node_id="turns", concurrency=4, grace_s=0.5) as engine:
-            task = asyncio.create_task(engine.run_for(120, poll_s=0.5))
+            task = asyncio.create_task(engine.run_for(600, poll_s=0.5))
             try:
-                await _until(lambda: landlord.long_running() == 3, 30, "the long attempts to take their slots")
-                await _until(lambda: landlord.attempts(landlord.spare) >= 1, 30, "the spare principal's turn")
+                await _until(lambda: landlord.long_running() == 3, 60, "the long attempts to take their slots")
+                await _until(lambda: landlord.attempts(landlord.spare) >= 1, 60, "the spare principal's turn")
                 landlord.victim_every_second()
-                await _until(lambda: landlord.victim_runs() >= 3, 40,
+                await _until(lambda: landlord.victim_runs() >= 3, 90,
                              f"the victim's turns (the spare's attempts: {landlord.attempts(landlord.spare)})")
                 return landlord.attempts(landlord.spare), landlord.long_running()
             finally:
@@ -493,8 +490,9 @@ def test_the_daemon_keeps_the_reserve_and_its_flag_beats_the_environment(landlor
     minute); --reserved-slots 1 beats the environment's 0. No cap per principal: the reserve alone holds."""
     t = landlord.tenants
     landlord.hold(t.hostile, t.hostile, 4, "4 minutes")
+    # a 60 s poll: 5 runs of the victim's every-second job within 120 s are the timer's, not the poll's
     daemon = Serve(tmp_path, "--per-database-concurrency", "3", "--max-per-principal", "0", "--reserved-slots", "1",
-                   "--poll", "5", "--grace", "0",
+                   "--poll", "60", "--grace", "0",
                    env={"RADIXJOBS_DSN": t.db, "RADIXJOBS_RESERVED_SLOTS": "0", "RADIXJOBS_LONG_ATTEMPT": "120"},
                    name="reserve")
     try:
@@ -503,9 +501,8 @@ def test_the_daemon_keeps_the_reserve_and_its_flag_beats_the_environment(landlor
         made, most = time.monotonic(), 2
         while landlord.victim_runs() < 5:
             most = max(most, landlord.long_running(120_000))
-            assert time.monotonic() - made < 30, f"the victim ran {landlord.victim_runs()} times"
+            assert time.monotonic() - made < 120, f"the victim ran {landlord.victim_runs()} times"
             time.sleep(0.05)
-        assert time.monotonic() - made < 15
         assert most == 2
         assert landlord.long_running(120_000) == 2
     finally:
@@ -544,6 +541,7 @@ def test_ties_go_to_the_principal_served_least_recently(three: tuple[App, str, s
     assert _claimed(app.conn, "n1", 1, None, served=[oid[v], oid[h]]) == [f"{w}:w0"]  # v now has 1 running
 
 
+@pytest.mark.usefixtures("batchable")  # batches form whatever the machine's load
 def test_a_batch_never_mixes_long_and_short_ticks(app: App) -> None:
     """A tick batch holds its lead's slot, and its ticks not run in it then run alone there: its ticks are
     all long or all short. The ticks of one batch share their start in the history."""

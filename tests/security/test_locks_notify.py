@@ -36,7 +36,6 @@ from tests.integration.test_documents import eventually
 from tests.support import PgCluster, wait_for
 
 GUARD = "-c statement_timeout=20s"  # a regression fails the test instead of hanging it
-PROMPT_S = 4.0  # below the 5 s bound on lock waits: "promptly" means nothing was waited for
 
 
 def _as(dsn: str, user: str, *, autocommit: bool = True, options: str = GUARD) -> psycopg.Connection[Any]:
@@ -57,12 +56,6 @@ def _prepare_victim(app: App) -> None:
                      "AS $$ INSERT INTO app.effects (tag) VALUES ('doc') $$")
 
 
-def _timed(action: Any) -> tuple[Any, float]:
-    started = time.monotonic()
-    value = action()
-    return value, time.monotonic() - started
-
-
 # -- locks --------------------------------------------------------------------------------------------------
 def test_advisory_keys_any_role_holds_block_nothing(app: App, roles: Any) -> None:
     _prepare_victim(app)
@@ -71,17 +64,15 @@ def test_advisory_keys_any_role_holds_block_nothing(app: App, roles: Any) -> Non
         evil.execute("SELECT pg_advisory_lock(hashtext('radix.job:app.victim')), "
                      "pg_advisory_lock(hashtext('radix.doc:7')), pg_advisory_lock(%s)",
                      (migrate.MIGRATION_LOCK_KEY,))
+        # the keys stay held throughout: a wait on one could only end in an error (the 5 s bound on lock
+        # waits, or GUARD's statement timeout), so each success says nothing waited for them
         with _as(app.dsn, app.principal) as victim:
-            _, took = _timed(lambda: catalog.execute_job_ddl(
-                victim, f"CREATE JOB app.victim SCHEDULE EVERY INTERVAL '1 hour' RUN AS {app.principal} "
-                        "CALL app.record('victim')"))
-            assert took < PROMPT_S
-            _, took = _timed(lambda: documents.apply(victim, _document(7, app.principal)))
-            assert took < PROMPT_S
+            catalog.execute_job_ddl(victim, f"CREATE JOB app.victim SCHEDULE EVERY INTERVAL '1 hour' "
+                                            f"RUN AS {app.principal} CALL app.record('victim')")
+            documents.apply(victim, _document(7, app.principal))
         for command in (("jobs", "list"), ("install",), ("run", "--once")):
-            done, took = _timed(lambda c=command: run_cli(*c, "--dsn", app.dsn, timeout=60))  # type: ignore[misc]
+            done = run_cli(*command, "--dsn", app.dsn, timeout=60)
             assert done.returncode == 0, (command, done.stderr)
-            assert took < 30, command
             if command == ("jobs", "list"):
                 assert "app.victim" in done.stdout
                 assert "doc:7" in done.stdout
@@ -127,7 +118,7 @@ def test_the_daemon_starts_and_schedules_while_keys_and_tables_are_held(app: App
                 catalog.execute_job_ddl(victim, f"CREATE JOB app.victim SCHEDULE EVERY INTERVAL '1 second' "
                                                 f"RUN AS {app.principal} CALL app.record('victim')")
                 documents.apply(victim, _document(3, app.principal, status="CRON_TABLE_ACTIVE"))
-            wait_for(lambda: {"victim", "doc"} <= _tags(app), timeout=30, message="the job and the document to run")
+            wait_for(lambda: {"victim", "doc"} <= _tags(app), timeout=60, message="the job and the document to run")
         finally:
             serve.stop()
 
@@ -144,9 +135,8 @@ def test_a_held_job_name_is_a_bounded_wait_with_a_clear_error(app: App, roles: A
                                        f"RUN AS {app.principal} CALL app.record('x')")
         with _as(app.dsn, app.principal, options=f"{GUARD} -c lock_timeout=300ms") as second:
             with pytest.raises(AdmissionError) as caught:
-                _timed(lambda: catalog.execute_job_ddl(
-                    second, f"CREATE JOB app.contested SCHEDULE EVERY INTERVAL '1 hour' RUN AS {app.principal} "
-                            "CALL app.record('y')"))
+                catalog.execute_job_ddl(second, f"CREATE JOB app.contested SCHEDULE EVERY INTERVAL '1 hour' "
+                                                f"RUN AS {app.principal} CALL app.record('y')")
             assert caught.value.code == "55P03"
             assert "job app.contested is being created or changed by another transaction; try again" in str(
                 caught.value)
@@ -164,10 +154,11 @@ def test_a_held_document_is_bounded_even_without_a_lock_timeout(app: App) -> Non
         holder.execute("SELECT radix.apply_document(%s)", (Jsonb(active),))
         with _as(app.dsn, app.principal) as other:  # lock_timeout 0: the 5 s bound of admission applies
             started = time.monotonic()
+            # ended by that bound (55P03), not by GUARD's statement timeout (57014) nor waiting for ever
             with pytest.raises(psycopg.errors.LockNotAvailable, match="CRON_TABLE task 9 is being created or "
                                                                        "changed by another transaction"):
                 other.execute("SELECT radix.apply_document(%s)", (Jsonb(_document(9, app.principal)),))
-            assert 4.0 < time.monotonic() - started < 15.0
+            assert time.monotonic() - started > 4.0  # it did wait, for the bound
 
 
 def test_concurrent_installs_serialise_on_the_row(empty_db: str) -> None:
@@ -192,14 +183,12 @@ def test_concurrent_installs_serialise_on_the_row(empty_db: str) -> None:
 def test_an_install_waiting_too_long_fails_in_one_line(app: App) -> None:
     with psycopg.connect(app.dsn) as other_install:  # another install in progress holds the row
         other_install.execute("SELECT FROM radix.migration_lock FOR UPDATE")
-        done, took = _timed(lambda: run_cli("install", "--dsn", app.dsn, env={"RADIXJOBS_LOCK_TIMEOUT": "0.5"},
-                                            timeout=60))
+        done = run_cli("install", "--dsn", app.dsn, env={"RADIXJOBS_LOCK_TIMEOUT": "0.5"}, timeout=60)
         assert done.returncode == 1
         lines = done.stderr.strip().splitlines()
         assert len(lines) == 1, done.stderr
         assert lines[0].startswith("radixjobs: error: install waited more than 0.5s for a lock")
         assert f"pid {other_install.info.backend_pid}" in lines[0]
-        assert took < 30
     bad = run_cli("install", "--dsn", app.dsn, env={"RADIXJOBS_LOCK_TIMEOUT": "soon"}, timeout=60)
     assert bad.returncode == 1
     assert bad.stderr.strip() == ("radixjobs: error: RADIXJOBS_LOCK_TIMEOUT must be a number of seconds in "
@@ -237,14 +226,13 @@ def test_the_engine_s_wait_on_a_row_its_owner_holds_is_bounded(app: App, monkeyp
         if point == "executed":  # before the outcome is written: the owner takes the row now
             holder.execute("SELECT radix.alter_job('app.own', false)")
 
-    async def go() -> float:
-        started = time.monotonic()
+    async def go() -> None:
         async with Engine(app.dsn, node_id="patient", pause=pause) as engine:
-            await asyncio.wait_for(engine.run_due(), 20)
-        return time.monotonic() - started
+            # the row stays held throughout: a wait for it would never end (120 s, then a failure)
+            await asyncio.wait_for(engine.run_due(), 120)
 
     try:
-        assert asyncio.run(go()) < 10
+        asyncio.run(go())
         assert holder.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS  # still held
     finally:
         holder.close()
@@ -346,18 +334,21 @@ def _victim_writes(app: App) -> None:
 
 def _scheduling_goes_on(app: App) -> None:
     async def runs(docs: Engine, at_least: int) -> int:
-        # within 10 s, though the check period is 30 s: only the hintless look makes this
-        await eventually(lambda: docs.counters["doc_runs"] >= at_least, within=10, message=f"{at_least} run(s)")
+        # the check and reload periods are an hour (_Watched): only the hintless look finds the run within 120 s
+        await eventually(lambda: docs.counters["doc_runs"] >= at_least, within=120, message=f"{at_least} run(s)")
         return int(docs.counters["doc_runs"])
 
     async def go() -> tuple[int, int, int]:
         async with Engine(app.dsn, node_id="flooded") as engine:
-            ran = await engine.run_for(2.5, poll_s=0.5)  # the 1 s ticks come from the timer alone
+            ran, deadline = 0, time.monotonic() + 120
+            while ran < 1:  # the 1 s ticks come from the timer alone
+                assert time.monotonic() < deadline, "no tick ran"
+                ran += await engine.run_for(0.5, poll_s=0.5)
         watched = _Watched()
         async with Engine(app.dsn, node_id="flooded-docs", work=watched, jobs=False) as docs:
-            serving = asyncio.create_task(docs.run_for(60))
+            serving = asyncio.create_task(docs.run_for(600))
             first = await runs(docs, 1)  # NUM 1, applied before: found by the first look
-            await asyncio.wait_for(watched.idle.wait(), 10)  # NUM 1 done: nothing due for an hour
+            await asyncio.wait_for(watched.idle.wait(), 120)  # NUM 1 done: nothing due for an hour
             await asyncio.to_thread(_apply_as_victim, app, 2)  # its wake-up is skipped: the queue is full
             second = await runs(docs, 2)
             docs.cancel.set()
@@ -375,10 +366,11 @@ def _scheduling_goes_on(app: App) -> None:
 
 
 class _Watched(Documents):
-    """Sets ``idle`` once a look finds nothing due for a minute: the engine is about to sleep."""
+    """Sets ``idle`` once a look finds nothing due for a minute: the engine is about to sleep. Looks every hour
+    at most: only the hintless look (HINTLESS_CHECK_S) finds a change whose wake-up was skipped sooner."""
 
     def __init__(self) -> None:
-        super().__init__()
+        super().__init__(check_period_s=3600.0, reload_period_s=3600.0)
         self.idle = asyncio.Event()
 
     def _plan_next_look(self, due: float | None, left: bool) -> None:

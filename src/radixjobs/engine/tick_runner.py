@@ -11,8 +11,9 @@ Invariants:
 - The principal's connection is held until the tick's outcome is recorded (its query carried a MAC good
   on that backend while the tick is as found), and closed when it could not be (principals.PrincipalAttempt).
 - A tick refused by radix.begin_tick (RXT01: run elsewhere, or changed since found) ran nothing and records
-  nothing. The in-doubt COMMIT is read from the history (OutcomeRecorder.committed); a success is counted
-  once.
+  nothing, unless this node had published it first (its query reached begin_tick after PUBLISH_AFTER_S):
+  that lease is then run on the lease path at once. The in-doubt COMMIT is read from the history
+  (OutcomeRecorder.committed); a success is counted once.
 - A tick is in InFlight.ticks, and its connection counted in InFlight.tick_connections, until its attempt is
   over; a lease it was published or recorded as is in InFlight.leases only while its attempt runs.
 """
@@ -113,7 +114,12 @@ class TickRunner:
                         self._inflight.leases.discard(lease.lease_token)
                 if outcome.cleaned:
                     self._principals.mark_clean(conn)
-                return await self.outcome(conn, job, tick, next_planned, outcome, published, started)
+                if not (outcome.elsewhere and published):
+                    return await self.outcome(conn, job, tick, next_planned, outcome, published, started)
+            # refused, yet published: this node's publication made the tick a lease before its query reached
+            # radix.begin_tick (a backend slower than PUBLISH_AFTER_S to start it). Nothing ran, and the lease
+            # is this node's: the tick runs on the lease path now, not when the lease expires.
+            return await self._lease_runner.run_leased(published[0])
         except LoginFailed as failed:  # could not log in as the principal
             refused = Outcome(False, True, False, sqlstate=failed.error.sqlstate, message=first_line(failed.error),
                               connection_lost=True)
