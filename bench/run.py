@@ -8,6 +8,7 @@ DSN, or ``--pg-bin``: an embedded server from another PostgreSQL's binaries) and
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import sys
 from pathlib import Path
@@ -40,10 +41,13 @@ def parser() -> argparse.ArgumentParser:
 def main() -> None:
     args = parser().parse_args()
     module = importlib.import_module(f"scenarios.{args.scenario}")
-    settings = {**(getattr(module, "SETTINGS", {}) if args.dsn is None else {}), **parse_settings(args.setting)}
-    with bench_database(args.scenario, args.dsn, settings, args.pg_bin) as db:
-        result = module.run(db, args)
-        server_version = db.server_version()
+    # a scenario may bring its own server (compare: a distribution PostgreSQL with pg_cron preloaded)
+    server = getattr(module, "server", None)
+    with server(args) if server else contextlib.nullcontext(args.dsn) as dsn:
+        settings = {**(getattr(module, "SETTINGS", {}) if dsn is None else {}), **parse_settings(args.setting)}
+        with bench_database(args.scenario, dsn, settings, args.pg_bin) as db:
+            result = module.run(db, args)
+            server_version = db.server_version()
     emit(args.scenario, result, args.json, getattr(module, "render", None), server_version)
 
 
