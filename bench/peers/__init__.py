@@ -29,7 +29,7 @@ import threading
 import time
 from pathlib import Path
 
-PEERS = ("procrastinate", "apscheduler", "pg_cron")
+PEERS = ("procrastinate", "apscheduler", "pg_cron", "pgagent")
 MINUTE_WORKLOADS = ("minute-burst", "minutely", "overrun")
 UPDATE_TOUCHED = b"UPDATE bench.touched SET n = n + 1, at = clock_timestamp() WHERE id = %s"
 INSERT_TICK = (b"INSERT INTO bench.peer_ticks (peer, job, planned, started) "
@@ -92,7 +92,8 @@ class PeerProcess:
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
         self.pid = self.proc.pid
         self.lines: queue.Queue[str] = queue.Queue()
-        threading.Thread(target=self._read, daemon=True).start()
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
 
     def _read(self) -> None:
         assert self.proc.stdout is not None
@@ -133,6 +134,10 @@ class PeerProcess:
             self.proc.wait(timeout)
         except (OSError, RuntimeError, TimeoutError, subprocess.TimeoutExpired):
             self.kill()
+        self.reader.join(10)  # the output ended with the process
+        for pipe in (self.proc.stdin, self.proc.stdout):
+            if pipe is not None:
+                pipe.close()
 
     def kill(self) -> None:
         if self.proc.poll() is None:

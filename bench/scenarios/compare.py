@@ -127,19 +127,22 @@ workload_list = _choices(WORKLOADS)
 
 
 def runs_on(workload: str, peer: str) -> bool:
-    """pg_cron schedules whole minutes only; procrastinate and APScheduler are not in the minute workloads."""
-    return (peer in compare_cron.CRON_PEERS) if workload in MINUTE_WORKLOADS else peer != "pg_cron"
+    """pg_cron and pgAgent schedule whole minutes only; procrastinate and APScheduler are not in the minute
+    workloads."""
+    return (peer in compare_cron.CRON_PEERS) if workload in MINUTE_WORKLOADS else peer not in ("pg_cron", "pgagent")
 
 
-def needs_pg_cron(args: argparse.Namespace) -> bool:
-    return "pg_cron" in args.peers and any(w in MINUTE_WORKLOADS for w in args.workloads)
+def needs_cron_cluster(args: argparse.Namespace) -> bool:
+    """pg_cron (preloaded) or pgAgent (its extension: the distribution's packages) in a minute workload."""
+    return (any(p in args.peers for p in ("pg_cron", "pgagent"))
+            and any(w in MINUTE_WORKLOADS for w in args.workloads))
 
 
 @contextlib.contextmanager
 def server(args: argparse.Namespace) -> Iterator[str | None]:
     """The superuser DSN bench/run.py makes the scenario's database on: a distribution PostgreSQL with pg_cron
     preloaded when pg_cron takes part and no ``--dsn`` is given; else ``--dsn`` (None: the embedded one)."""
-    if not needs_pg_cron(args) or args.dsn is not None:
+    if not needs_cron_cluster(args) or args.dsn is not None:
         yield args.dsn
         return
     bin_dir = args.pg_bin or pg_cron_bin()
@@ -326,7 +329,8 @@ def run(db: BenchDatabase, args: argparse.Namespace) -> dict[str, Any]:
     if args.jobs < 1 or args.tick_jobs < 1 or args.seconds <= 0 or args.repeat < 1 or args.concurrency < 1:
         raise SystemExit("compare: --jobs, --tick-jobs, --seconds, --repeat and --concurrency must be positive")
     minute = [w for w in args.workloads if w in MINUTE_WORKLOADS]
-    if needs_pg_cron(args) and db.scalar("SELECT current_setting('cron.database_name', true)") is None:
+    if ("pg_cron" in args.peers and minute
+            and db.scalar("SELECT current_setting('cron.database_name', true)") is None):
         raise SystemExit("compare: pg_cron is not preloaded on this server (shared_preload_libraries)")
     with db.connect() as conn:
         conn.execute(SETUP_SQL.encode())

@@ -28,19 +28,21 @@ from collections import Counter
 from concurrent.futures import Future, ProcessPoolExecutor
 from typing import Any
 
+import psutil
 import psycopg
 
 from harness import BenchDatabase, CpuMeter, Daemon, clone_jobs, with_dbname
 from peers import PeerProcess, cron_expression
 from scenarios import baseline
-from scenarios.cron_figures import Effect, Run, analyse, by_order, settled_by_order
+from scenarios.cron_figures import FINAL, Effect, Run, analyse, by_order, by_start, settled_by_order
 
 CRON_SLOTS = 32  # pg_cron's default cron.max_running_jobs; radixjobs is given as many
 LEAD_S = 30.0  # the first due minute is at least this far from the workload's start (its setup)
-CRON_PEERS = ("radixjobs", "pg_cron")
+CRON_PEERS = ("radixjobs", "pg_cron", "pgagent")
 FIGURES = ("lateness_p50_ms", "lateness_p99_ms", "lateness_max_ms", "start_failures", "missed_minutes", "overlaps",
            "peak_running", "runs_succeeded", "due_runs", "history_rows", "coalesced_ticks", "runs_per_s",
            "scheduler_cpu_ms_per_run", "server_cpu_ms_per_run", "load_commits_per_s")  # compare's summary
+PGAGENT_STATUS = {"s": "succeeded", "f": "failed", "i": "failed", "d": "failed", "r": "running"}  # pga_joblog
 PREFIXES = {"minute-burst": "cb", "minutely": "cm", "overrun": "co"}  # radixjobs' job names
 
 SETUP_SQL = """
@@ -130,16 +132,15 @@ class Radix:
         self.daemon = Daemon(db.dsn, f"bench-cron-{self.prefix}", "--per-database-concurrency", str(CRON_SLOTS),
                              "--concurrency", str(CRON_SLOTS), "--max-per-principal", str(CRON_SLOTS))
         self.pid = self.daemon.proc.pid
+        self.conn = db.connect()  # one session polls: a session per poll would count in the server's CPU
 
     def runs(self) -> list[Run]:
-        with self.db.connect() as conn:
-            rows = conn.execute(RADIX_RUNS.encode(), {"cut": len(self.prefix) + 1, "like": self.like}).fetchall()
+        rows = self.conn.execute(RADIX_RUNS.encode(), {"cut": len(self.prefix) + 1, "like": self.like}).fetchall()
         return [(int(job), planned / 1e9, str(status)) for job, planned, status in rows]
 
     def settled(self, due: list[float], jobs: int) -> bool:
         del jobs
-        with self.db.connect() as conn:
-            row = conn.execute(RADIX_PENDING.encode(), {"like": self.like, "last": int(due[-1] * 1e9)}).fetchone()
+        row = self.conn.execute(RADIX_PENDING.encode(), {"like": self.like, "last": int(due[-1] * 1e9)}).fetchone()
         return time.time() > due[-1] and row is not None and row[0] == 0
 
     def stop(self) -> dict[str, Any]:
@@ -154,9 +155,9 @@ class Radix:
         return {"history_rows": int(rows), "coalesced_ticks": int(coalesced)}
 
     def drop(self) -> None:
-        with self.db.connect() as conn:
-            conn.execute(b"SELECT count(radix.drop_job('bench.' || job_name)) FROM radix.jobs "
-                         b"WHERE schema_name = 'bench' AND job_name LIKE %s", (self.like,))
+        with self.conn:
+            self.conn.execute(b"SELECT count(radix.drop_job('bench.' || job_name)) FROM radix.jobs "
+                              b"WHERE schema_name = 'bench' AND job_name LIKE %s", (self.like,))
 
 
 class PgCron:
@@ -174,14 +175,13 @@ class PgCron:
         self.pid = self.peer.pid
         self.peer.ready()
         self.peer.go()
-        with psycopg.connect(self.cron_dsn) as conn:
-            self.jobs = {int(jobid): int(job) for jobid, job in conn.execute(CRON_JOBS.encode())}
+        self.cron = psycopg.connect(self.cron_dsn, autocommit=True)  # one session polls (see Radix)
+        self.jobs = {int(jobid): int(job) for jobid, job in self.cron.execute(CRON_JOBS.encode())}
         self.messages: Counter[str] = Counter()
 
     def _rows(self) -> list[tuple[int, str, str | None]]:
         """Every run of the workload's jobs (job_run_details outlives cron.unschedule)."""
-        with psycopg.connect(self.cron_dsn) as conn:
-            rows = conn.execute(CRON_RUNS.encode(), (self.after_runid, list(self.jobs))).fetchall()
+        rows = self.cron.execute(CRON_RUNS.encode(), (self.after_runid, list(self.jobs))).fetchall()
         return [(self.jobs[int(jobid)], str(status), message) for jobid, status, message in rows]
 
     def runs_for(self, due: list[float]) -> list[Run]:
@@ -199,7 +199,52 @@ class PgCron:
         return {"history_rows": len(self._rows()), "failure_messages": dict(self.messages)}
 
     def drop(self) -> None:
-        pass  # unscheduled by the peer; pg_cron keeps job_run_details
+        self.cron.close()  # the jobs were unscheduled by the peer; pg_cron keeps job_run_details
+
+
+class PgAgent:
+    """pgAgent's side: the peer process (bench/peers/pgagent_peer.py) defines the jobs and runs the ``pgagent``
+    daemon, whose CPU is measured; its history, ``pgagent.pga_joblog``, is in the scenario's database."""
+
+    def __init__(self, db: BenchDatabase, workload: str, first_due: float, jobs: int, work_ms: int):
+        self.db = db
+        self.peer = PeerProcess("pgagent", db.dsn, workload, jobs, CRON_SLOTS, "--minute", str(first_due),
+                                "--work-ms", str(work_ms), "--run-as", db.principal)
+        self.peer.ready()
+        self.peer.go()
+        time.sleep(0.5)
+        children = psutil.Process(self.peer.pid).children()
+        self.pid = children[0].pid if children else self.peer.pid  # the pgagent daemon
+        self.conn = db.connect()  # one session polls (see Radix)
+
+    def _rows(self) -> list[tuple[int, float, str]]:
+        rows = self.conn.execute(b"SELECT substr(j.jobname, 7)::integer, l.jlgstart, l.jlgstatus "
+                                 b"FROM pgagent.pga_joblog l JOIN pgagent.pga_job j ON j.jobid = l.jlgjobid "
+                                 b"WHERE j.jobname LIKE 'bench-%'").fetchall()
+        return [(int(job), start.timestamp(), PGAGENT_STATUS.get(str(status), str(status)))
+                for job, start, status in rows]
+
+    def runs_for(self, due: list[float]) -> list[Run]:
+        return by_start(self._rows(), due)
+
+    def settled(self, due: list[float], jobs: int) -> bool:
+        """Each job ran its first due minute, and no run that began before the minute after the last is still
+        running, 15 s (a poll and a half) after the last due minute."""
+        rows = self._rows()
+        first = {(job, planned) for job, planned, status in by_start(rows, due) if planned == due[0]
+                 and status in FINAL}
+        running = any(status == "running" and start < due[-1] + 60 for _, start, status in rows)
+        return time.time() > due[-1] + 15 and not running and len(first) == jobs
+
+    def stop(self) -> dict[str, Any]:
+        self.peer.stop()
+        with self.db.connect() as conn:
+            conn.execute(END_BODIES.encode())
+        return {"history_rows": len(self._rows())}
+
+    def drop(self) -> None:
+        with self.conn:
+            self.conn.execute(b"DELETE FROM pgagent.pga_job WHERE jobname LIKE 'bench-%'")
 
 
 class Load:
@@ -227,11 +272,14 @@ def run_minute(db: BenchDatabase, peer: str, workload: str, args: argparse.Names
     first_due = first_minute()
     due = [first_due + 60 * k for k in range(minutes)]
     started = time.time()
-    side: Radix | PgCron = (Radix(db, workload, rep, first_due, jobs, work_ms) if peer == "radixjobs"
-                            else PgCron(db, workload, first_due, jobs, work_ms))
+    side: Radix | PgCron | PgAgent = (
+        Radix(db, workload, rep, first_due, jobs, work_ms) if peer == "radixjobs"
+        else PgCron(db, workload, first_due, jobs, work_ms) if peer == "pg_cron"
+        else PgAgent(db, workload, first_due, jobs, work_ms))
     late_setup = time.time() > first_due - 1
-    meter = CpuMeter(db, side.pid)
     load = Load(db, args.load_clients, due[-1] + 15) if workload == "minutely" and args.load_clients else None
+    time.sleep(max(0.0, first_due - 1 - time.time()))  # the CPU from a second before the minute
+    meter = CpuMeter(db, side.pid, count_exited=True)  # pg_cron and pgAgent open a session per run
     deadline = due[-1] + minutes * work_ms / 1000 + args.timeout
     try:
         while not side.settled(due, jobs) and time.time() < deadline:
@@ -258,7 +306,7 @@ def run_minute(db: BenchDatabase, peer: str, workload: str, args: argparse.Names
         span = starts[-1] - starts[0] if len(starts) > 1 else 0.0
         result |= {"runs_per_s": round(len(starts) / span, 1) if span > 0 else None,
                    "scheduler_cpu_ms_per_run": round(cpu["daemon"] * 1000 / max(len(effects), 1), 2)
-                   if peer == "radixjobs" else None,
+                   if peer != "pg_cron" else None,
                    "server_cpu_ms_per_run": round(cpu["server"] * 1000 / max(len(effects), 1), 2),
                    "measured_s": round(elapsed, 1)}
     return result

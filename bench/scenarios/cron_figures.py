@@ -33,6 +33,22 @@ def by_order(rows: list[tuple[int, str]], due: list[float]) -> list[Run]:
     return runs
 
 
+def by_start(rows: list[tuple[int, float, str]], due: list[float]) -> list[Run]:
+    """pgAgent's runs (job, start, status) as runs of due minutes: pgAgent starts a job at a poll after its
+    next run time, and computes the next one when a run ends, from that instant (a minute due meanwhile is
+    skipped), so a run is for the last due minute at or before its start that no earlier run of its job
+    took; None when there is none."""
+    last: dict[int, float] = {}
+    runs: list[Run] = []
+    for job, start, status in sorted(rows, key=lambda r: (r[0], r[1])):
+        candidates = [d for d in due if d <= start and d > last.get(job, -math.inf)]
+        planned = candidates[-1] if candidates else None
+        if planned is not None:
+            last[job] = planned
+        runs.append((job, planned, status))
+    return runs
+
+
 def settled_by_order(runs: list[Run], jobs: int, due: list[float]) -> bool:
     """Every job has a final run for each due minute (runs as ``by_order`` makes them)."""
     done = {(job, planned) for job, planned, status in runs if planned is not None and status in FINAL}

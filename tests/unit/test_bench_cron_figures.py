@@ -14,7 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 import run as bench_run
 from peers import cron_command, cron_expression
 from scenarios import compare
-from scenarios.cron_figures import analyse, by_order, peak_concurrency, settled_by_order
+from scenarios.cron_figures import analyse, by_order, by_start, peak_concurrency, settled_by_order
 
 DUE = [600.0, 660.0, 720.0]
 
@@ -62,7 +62,14 @@ def test_minute_workloads_options() -> None:
                                           "overrun,minute-burst", "--minutes", "3"])
     assert (args.peers, args.workloads, args.minutes) == (["radixjobs", "pg_cron"], ["minute-burst", "overrun"], 3)
     assert (args.cron_jobs, args.work_ms, args.overrun_seconds) == (1000, 100, 90.0)
-    assert compare.needs_pg_cron(args)
+    assert compare.needs_cron_cluster(args)
     assert not compare.runs_on("burst", "pg_cron")
     assert not compare.runs_on("minutely", "apscheduler")
-    assert not compare.needs_pg_cron(bench_run.parser().parse_args(["compare"]))
+    assert not compare.needs_cron_cluster(bench_run.parser().parse_args(["compare"]))
+
+
+def test_pgagent_runs_take_the_last_due_minute_not_taken() -> None:
+    # each run 90 s: 600 runs at 605, 660 is skipped (running), 720 runs at 700 + a poll
+    rows = [(0, 605.0, "succeeded"), (0, 725.0, "succeeded"), (0, 845.0, "running"), (1, 610.0, "failed")]
+    assert by_start(rows, DUE) == [(0, 600.0, "succeeded"), (0, 720.0, "succeeded"), (0, None, "running"),
+                                   (1, 600.0, "failed")]
