@@ -240,7 +240,12 @@ class PgAgent:
         self.peer.stop()
         with self.db.connect() as conn:
             conn.execute(END_BODIES.encode())
-        return {"history_rows": len(self._rows())}
+        messages = self.conn.execute(
+            b"SELECT left(coalesce(nullif(s.jsloutput, ''), '(no output)'), 200), count(*) "
+            b"FROM pgagent.pga_jobsteplog s JOIN pgagent.pga_jobstep t ON t.jstid = s.jsljstid "
+            b"JOIN pgagent.pga_job j ON j.jobid = t.jstjobid WHERE j.jobname LIKE 'bench-%' AND s.jslstatus <> 's' "
+            b"GROUP BY 1").fetchall()
+        return {"history_rows": len(self._rows()), "failure_messages": {str(m): int(n) for m, n in messages}}
 
     def drop(self) -> None:
         with self.conn:
