@@ -307,11 +307,16 @@ def run_minute(db: BenchDatabase, peer: str, workload: str, args: argparse.Names
     if load_rate is not None:
         result["load_commits_per_s"] = load_rate
     if workload == "minute-burst":
-        starts = sorted(s for _, s, _ in effects)
-        span = starts[-1] - starts[0] if len(starts) > 1 else 0.0
-        result |= {"runs_per_s": round(len(starts) / span, 1) if span > 0 else None,
-                   "scheduler_cpu_ms_per_run": round(cpu["daemon"] * 1000 / max(len(effects), 1), 2)
-                   if peer != "pg_cron" else None,
-                   "server_cpu_ms_per_run": round(cpu["server"] * 1000 / max(len(effects), 1), 2),
-                   "measured_s": round(elapsed, 1)}
+        result |= burst_figures(effects, cpu, peer) | {"measured_s": round(elapsed, 1)}
     return result
+
+
+def burst_figures(effects: list[Effect], cpu: dict[str, float], peer: str) -> dict[str, Any]:
+    """Runs per second (first to last body start) and CPU per run that ran: the scheduler's process (none of
+    its own for pg_cron) and the server's."""
+    starts = sorted(started for _, started, _ in effects)
+    span = starts[-1] - starts[0] if len(starts) > 1 else 0.0
+    ran = max(len(effects), 1)
+    return {"runs_per_s": round(len(starts) / span, 1) if span > 0 else None,
+            "scheduler_cpu_ms_per_run": round(cpu["daemon"] * 1000 / ran, 2) if peer != "pg_cron" else None,
+            "server_cpu_ms_per_run": round(cpu["server"] * 1000 / ran, 2)}
