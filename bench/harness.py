@@ -227,11 +227,13 @@ class Daemon:
 
 class CpuMeter:
     """CPU seconds used since the start (or ``reset``) by the daemon process and by the embedded server's
-    processes (postmaster and backends; a backend that exits meanwhile is not counted)."""
+    processes (postmaster and backends; a backend that exits meanwhile is not counted, unless
+    ``count_exited``: then the postmaster's reaped children count too, e.g. a session per job)."""
 
-    def __init__(self, db: BenchDatabase, daemon_pid: int | None = None):
+    def __init__(self, db: BenchDatabase, daemon_pid: int | None = None, *, count_exited: bool = False):
         self.daemon = psutil.Process(daemon_pid) if daemon_pid else None
         self.postmaster = db.postmaster_pid()
+        self.count_exited = count_exited
         self.start = self.read()
         self.end: dict[str, float] | None = None
 
@@ -247,6 +249,8 @@ class CpuMeter:
             with contextlib.suppress(psutil.Error):
                 times = process.cpu_times()
                 total += times.user + times.system
+                if self.count_exited and process is postmaster:
+                    total += times.children_user + times.children_system
         return total
 
     def read(self) -> dict[str, float]:

@@ -9,6 +9,7 @@ its own Patroni cluster instead (``run_own_servers``), and takes none of those t
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import sys
 from pathlib import Path
@@ -48,10 +49,13 @@ def main() -> None:
         result, version = module.run_own_servers(args)
         emit(args.scenario, result, args.json, getattr(module, "render", None), version)
         return
-    settings = {**(getattr(module, "SETTINGS", {}) if args.dsn is None else {}), **parse_settings(args.setting)}
-    with bench_database(args.scenario, args.dsn, settings, args.pg_bin) as db:
-        result = module.run(db, args)
-        server_version = db.server_version()
+    # a scenario may bring its own server (compare: a distribution PostgreSQL with pg_cron preloaded)
+    server = getattr(module, "server", None)
+    with server(args) if server else contextlib.nullcontext(args.dsn) as dsn:
+        settings = {**(getattr(module, "SETTINGS", {}) if dsn is None else {}), **parse_settings(args.setting)}
+        with bench_database(args.scenario, dsn, settings, args.pg_bin) as db:
+            result = module.run(db, args)
+            server_version = db.server_version()
     emit(args.scenario, result, args.json, getattr(module, "render", None), server_version)
 
 

@@ -12,6 +12,10 @@ procedure with the same UPDATE); in ``ticks`` each body takes its start time as 
 the peer records (job, planned tick, start) in ``bench.peer_ticks`` (``INSERT_TICK``: procrastinate's
 body inserts it; APScheduler's body updates its row of ``bench.touched`` and the peer writes the pairs
 after ``stop``, see apscheduler_peer.py). The scenario reads the results from those tables.
+
+The minute workloads (``MINUTE_WORKLOADS``, bench/scenarios/compare_cron.py) give every peer the same cron
+expression (``cron_expression``) and the same body, ``CALL bench.cron_work(job, work_ms)``, which records
+its start and end; the scenario reads the rest from each scheduler's own history.
 """
 
 from __future__ import annotations
@@ -25,7 +29,8 @@ import threading
 import time
 from pathlib import Path
 
-PEERS = ("procrastinate", "apscheduler")
+PEERS = ("procrastinate", "apscheduler", "pg_cron", "pgagent")
+MINUTE_WORKLOADS = ("minute-burst", "minutely", "overrun")
 UPDATE_TOUCHED = b"UPDATE bench.touched SET n = n + 1, at = clock_timestamp() WHERE id = %s"
 INSERT_TICK = (b"INSERT INTO bench.peer_ticks (peer, job, planned, started) "
                b"VALUES (%s, %s, to_timestamp(%s), to_timestamp(%s))")
@@ -34,13 +39,28 @@ INSERT_TICK = (b"INSERT INTO bench.peer_ticks (peer, job, planned, started) "
 def peer_arguments(description: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--dsn", required=True)
-    parser.add_argument("--workload", choices=("burst", "ticks"), required=True)
+    parser.add_argument("--workload", choices=("burst", "ticks", *MINUTE_WORKLOADS), required=True)
     parser.add_argument("--jobs", type=int, required=True)
     parser.add_argument("--concurrency", type=int, required=True)
     parser.add_argument("--anchor", type=float, default=0.0,
                         help="ticks: epoch second of the first tick (whole second)")
     parser.add_argument("--phase", choices=("spread", "aligned"), default="aligned")
+    parser.add_argument("--minute", type=float, default=0.0,
+                        help="minute workloads: epoch second of the first due minute (a whole minute)")
+    parser.add_argument("--work-ms", type=int, default=0, help="minute workloads: each run's work")
+    parser.add_argument("--run-as", default=None, help="minute workloads: the role the jobs run as")
     return parser
+
+
+def cron_expression(workload: str, first_due: float) -> str:
+    """The UTC cron expression of a minute workload: due once, at ``first_due``'s minute of the hour
+    (``minute-burst``), or every minute."""
+    return f"{int(first_due) // 60 % 60} * * * *" if workload == "minute-burst" else "* * * * *"
+
+
+def cron_command(job: int, work_ms: int) -> str:
+    """The body of minute workload job ``job``: the same SQL for every peer."""
+    return f"CALL bench.cron_work({int(job)}, {int(work_ms)})"
 
 
 def tick_offset(job: int, jobs: int, phase: str) -> float:
@@ -72,7 +92,8 @@ class PeerProcess:
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
         self.pid = self.proc.pid
         self.lines: queue.Queue[str] = queue.Queue()
-        threading.Thread(target=self._read, daemon=True).start()
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
 
     def _read(self) -> None:
         assert self.proc.stdout is not None
@@ -113,6 +134,10 @@ class PeerProcess:
             self.proc.wait(timeout)
         except (OSError, RuntimeError, TimeoutError, subprocess.TimeoutExpired):
             self.kill()
+        self.reader.join(10)  # the output ended with the process
+        for pipe in (self.proc.stdin, self.proc.stdout):
+            if pipe is not None:
+                pipe.close()
 
     def kill(self) -> None:
         if self.proc.poll() is None:

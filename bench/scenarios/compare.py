@@ -11,21 +11,28 @@ repetition. Two workloads:
 - ticks: ``--tick-jobs`` (200) jobs every second for ``--seconds`` (60) after a 3 s warm-up. Lateness =
   the body's first timestamp − its planned tick (radixjobs: ``bench.tick``, as the lateness scenario;
   the peers: bench/peers/); missed = ticks planned in the window that never ran.
+
+Three more, on whole minutes, for radixjobs and pg_cron (bench/scenarios/compare_cron.py): ``minute-burst``,
+``minutely`` and ``overrun``. With pg_cron among ``--peers`` and one of them among ``--workloads``, the
+server is a distribution PostgreSQL with pg_cron preloaded (bench/distribution.py; ``--pg-bin`` picks its
+binaries, ``--dsn`` a server of yours that preloads pg_cron), not the embedded one.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
+from distribution import pg_cron_bin, pg_cron_cluster
 from harness import BenchDatabase, CpuMeter, Daemon, clone_jobs, percentile, wait_for
-from peers import PEERS, PeerProcess, tick_offset
-from scenarios import baseline
+from peers import MINUTE_WORKLOADS, PEERS, PeerProcess, tick_offset
+from scenarios import baseline, compare_cron
 from scenarios.compare_table import render  # noqa: F401  (bench/run.py prints the table with it)
 
 ALL_PEERS = ("radixjobs", *PEERS)
@@ -95,10 +102,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--peers", type=peer_list, default=list(ALL_PEERS),
                         help=f"comma-separated, of {','.join(ALL_PEERS)} (default all)")
     parser.add_argument("--workloads", type=workload_list, default=["burst", "ticks"],
-                        help="comma-separated, of burst,ticks (default both)")
+                        help=f"comma-separated, of {','.join(WORKLOADS)} (default burst,ticks); burst and ticks "
+                             f"run every peer but pg_cron, the others radixjobs and pg_cron")
     parser.add_argument("--repeat", type=int, default=1, help="repetitions; the table shows medians (default 1)")
     parser.add_argument("--timeout", type=float, default=300.0,
-                        help="burst: seconds a peer may take before it is stopped (default 300)")
+                        help="burst: seconds a peer may take before it is stopped; minute workloads: seconds "
+                             "after the last due minute and its work (default 300)")
+    compare_cron.add_arguments(parser)
 
 
 def _choices(allowed: tuple[str, ...]) -> Callable[[str], list[str]]:
@@ -111,8 +121,36 @@ def _choices(allowed: tuple[str, ...]) -> Callable[[str], list[str]]:
     return parse
 
 
+WORKLOADS = ("burst", "ticks", *MINUTE_WORKLOADS)
 peer_list = _choices(ALL_PEERS)
-workload_list = _choices(("burst", "ticks"))
+workload_list = _choices(WORKLOADS)
+
+
+def runs_on(workload: str, peer: str) -> bool:
+    """pg_cron and pgAgent schedule whole minutes only; procrastinate and APScheduler are not in the minute
+    workloads."""
+    return (peer in compare_cron.CRON_PEERS) if workload in MINUTE_WORKLOADS else peer not in ("pg_cron", "pgagent")
+
+
+def needs_cron_cluster(args: argparse.Namespace) -> bool:
+    """pg_cron (preloaded) or pgAgent (its extension: the distribution's packages) in a minute workload."""
+    return (any(p in args.peers for p in ("pg_cron", "pgagent"))
+            and any(w in MINUTE_WORKLOADS for w in args.workloads))
+
+
+@contextlib.contextmanager
+def server(args: argparse.Namespace) -> Iterator[str | None]:
+    """The superuser DSN bench/run.py makes the scenario's database on: a distribution PostgreSQL with pg_cron
+    preloaded when pg_cron takes part and no ``--dsn`` is given; else ``--dsn`` (None: the embedded one)."""
+    if not needs_cron_cluster(args) or args.dsn is not None:
+        yield args.dsn
+        return
+    bin_dir = args.pg_bin or pg_cron_bin()
+    if bin_dir is None:
+        raise SystemExit("compare: pg_cron is not installed (Debian: apt-get install postgresql-15-cron), "
+                         "or give --dsn of a server that preloads it")
+    with pg_cron_cluster(bin_dir) as dsn:
+        yield dsn
 
 
 def measure_baseline(db: BenchDatabase, seconds: float) -> dict[str, float]:
@@ -279,6 +317,10 @@ def summarise(reps: list[dict[str, Any]]) -> dict[str, Any]:
                             "duplicate_ticks"):
                     if key in ticks:
                         figures.setdefault(key, []).append(ticks[key])
+            for workload in MINUTE_WORKLOADS:
+                for key, value in r["peers"][peer].get(workload, {}).items():
+                    if key in compare_cron.FIGURES and value is not None:
+                        figures.setdefault(f"{workload}.{key}", []).append(value)
         summary[peer] = {key: _spread(values) for key, values in figures.items()}
     return summary
 
@@ -286,17 +328,29 @@ def summarise(reps: list[dict[str, Any]]) -> dict[str, Any]:
 def run(db: BenchDatabase, args: argparse.Namespace) -> dict[str, Any]:
     if args.jobs < 1 or args.tick_jobs < 1 or args.seconds <= 0 or args.repeat < 1 or args.concurrency < 1:
         raise SystemExit("compare: --jobs, --tick-jobs, --seconds, --repeat and --concurrency must be positive")
+    minute = [w for w in args.workloads if w in MINUTE_WORKLOADS]
+    if ("pg_cron" in args.peers and minute
+            and db.scalar("SELECT current_setting('cron.database_name', true)") is None):
+        raise SystemExit("compare: pg_cron is not preloaded on this server (shared_preload_libraries)")
     with db.connect() as conn:
         conn.execute(SETUP_SQL.encode())
         conn.execute(f'GRANT SELECT, UPDATE ON bench.touched TO "{db.principal}"'.encode())
+        if minute:
+            conn.execute(compare_cron.SETUP_SQL.encode())
+            conn.execute(f'GRANT INSERT ON bench.cron_effects TO "{db.principal}"'.encode())
     reps = []
+    runners = {"burst": run_burst, "ticks": run_ticks}
     for rep in range(args.repeat):
         before = measure_baseline(db, args.baseline_seconds)
         one: dict[str, Any] = {"peers": {peer: {} for peer in args.peers}}
-        for workload, runner in (("burst", run_burst), ("ticks", run_ticks)):
+        for workload in WORKLOADS:
             if workload in args.workloads:
                 for peer in args.peers:
-                    one["peers"][peer][workload] = runner(db, peer, args, rep)
+                    if not runs_on(workload, peer):
+                        continue
+                    one["peers"][peer][workload] = (
+                        compare_cron.run_minute(db, peer, workload, args, rep) if workload in MINUTE_WORKLOADS
+                        else runners[workload](db, peer, args, rep))
         after = measure_baseline(db, args.baseline_seconds)
         # the commit rate follows the disk's latency, which other work on the machine moves: the mean of
         # a measurement before the repetition's peers and one after them
@@ -306,4 +360,8 @@ def run(db: BenchDatabase, args: argparse.Namespace) -> dict[str, Any]:
     settings = {"jobs": args.jobs, "tick_jobs": args.tick_jobs, "seconds": args.seconds, "phase": args.phase,
                 "concurrency": args.concurrency, "repeat": args.repeat, "peers": args.peers,
                 "workloads": args.workloads, "server_settings": db.settings or "as given by --dsn"}
+    if minute:
+        settings |= {key: getattr(args, key) for key in ("cron_jobs", "work_ms", "minutely_jobs", "minutes",
+                                                          "load_clients", "overrun_seconds", "overrun_minutes")}
+        settings["cron_slots"] = compare_cron.CRON_SLOTS
     return {"compare": {"settings": settings, "summary": summarise(reps), "runs": reps}}

@@ -18,7 +18,8 @@ from scenarios import compare, compare_table
 def test_options_default_and_narrowed() -> None:
     args = bench_run.parser().parse_args(["compare"])
     assert (args.jobs, args.tick_jobs, args.seconds, args.phase) == (5000, 200, 60.0, "aligned")
-    assert args.peers == ["radixjobs", "procrastinate", "apscheduler"]
+    assert args.peers == ["radixjobs", "procrastinate", "apscheduler", "pg_cron", "pgagent"]
+    assert args.workloads == ["burst", "ticks"]  # pg_cron and pgAgent: the minute workloads only
     args = bench_run.parser().parse_args(["compare", "--jobs", "50", "--seconds", "5",
                                           "--peers", "apscheduler, radixjobs", "--workloads", "burst"])
     assert (args.jobs, args.seconds, args.peers, args.workloads) == (50, 5.0, ["radixjobs", "apscheduler"], ["burst"])
@@ -28,7 +29,7 @@ def test_unknown_peer_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> No
     with pytest.raises(SystemExit) as exit_info:
         bench_run.parser().parse_args(["compare", "--peers", "celery"])
     assert exit_info.value.code == 2
-    assert "choose from radixjobs,procrastinate,apscheduler" in capsys.readouterr().err
+    assert "choose from radixjobs,procrastinate,apscheduler,pg_cron,pgagent" in capsys.readouterr().err
 
 
 def test_expected_ticks_on_the_grid() -> None:
