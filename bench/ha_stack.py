@@ -22,7 +22,6 @@ import signal
 import socket
 import subprocess
 import tempfile
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -34,6 +33,8 @@ import psutil
 import psycopg
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
+
+from harness import wait_for
 
 SCOPE = "radix-ha"
 SUPERUSER = "radix_admin"
@@ -271,17 +272,6 @@ def _member_config(cluster: PatroniCluster, member: Member, timing: Timing, bin_
     }
 
 
-def _wait(predicate: Any, timeout: float, message: str, interval: float = 0.2) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {message}")
-        time.sleep(interval)
-
-
 def _start_etcd(cluster: PatroniCluster, logs: list[Any]) -> subprocess.Popen[bytes]:
     peer = free_port()
     client = f"http://127.0.0.1:{cluster.etcd_port}"
@@ -303,7 +293,7 @@ def _start_etcd(cluster: PatroniCluster, logs: list[Any]) -> subprocess.Popen[by
         except (OSError, ValueError):
             return False
 
-    _wait(up, 30, "etcd")
+    wait_for(up, 30, "etcd", interval=0.2)
     return proc
 
 
@@ -370,10 +360,10 @@ def patroni_cluster(timing: Timing | None = None, members: int = 3) -> Iterator[
             _own(member.config)
         etcd = _start_etcd(cluster, logs)
         _start_member(cluster, cluster.members[0], logs)  # the first one bootstraps, the others copy it
-        _wait(lambda: cluster.members[0].api("/primary")[0] == 200, 120, "the first member to lead")
+        wait_for(lambda: cluster.members[0].api("/primary")[0] == 200, 120, "the first member to lead", interval=0.2)
         for member in cluster.members[1:]:
             _start_member(cluster, member, logs)
-        _wait(cluster.healthy, 180, "every member streaming, one synchronous")
+        wait_for(cluster.healthy, 180, "every member streaming, one synchronous", interval=0.2)
         yield cluster
     finally:
         _stop(cluster, etcd)
