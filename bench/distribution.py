@@ -35,7 +35,8 @@ def pg_cron_bin() -> Path | None:
     return Path(found[-1]).parents[1] / "bin" if found else None
 
 
-def _as_postgres() -> dict[str, Any]:
+def as_postgres() -> dict[str, Any]:
+    """subprocess arguments that run a program as the OS user postgres when this process is root."""
     if os.geteuid() != 0:
         return {}
     entry = pwd.getpwnam("postgres")
@@ -44,7 +45,7 @@ def _as_postgres() -> dict[str, Any]:
 
 def _run(*command: str) -> None:
     subprocess.run(command, check=True, capture_output=True, cwd="/", env={**os.environ, "LC_ALL": "C"},
-                   **_as_postgres())
+                   **as_postgres())
 
 
 @contextlib.contextmanager

@@ -15,7 +15,6 @@ import contextlib
 import glob
 import json
 import os
-import pwd
 import secrets
 import shutil
 import signal
@@ -34,6 +33,7 @@ import psycopg
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
+from distribution import as_postgres
 from harness import wait_for
 
 SCOPE = "radix-ha"
@@ -57,13 +57,6 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
-
-
-def _as_postgres() -> dict[str, Any]:
-    if os.geteuid() != 0:
-        return {}
-    entry = pwd.getpwnam("postgres")
-    return {"user": entry.pw_uid, "group": entry.pw_gid, "extra_groups": []}
 
 
 def _own(path: Path) -> None:
@@ -205,7 +198,7 @@ class PatroniCluster:
     def patronictl(self, *args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(["patronictl", "-c", str(self.members[0].config), *args], capture_output=True,
                               text=True, timeout=120, check=False, cwd=self.root, env=_patroni_env(self.root),
-                              **_as_postgres())
+                              **as_postgres())
 
     def freeze(self, member: Member) -> None:
         """SIGSTOP of Patroni and PostgreSQL: the member answers nothing, its sockets stay open."""
@@ -302,7 +295,7 @@ def _start_member(cluster: PatroniCluster, member: Member, logs: list[Any]) -> N
     logs.append(log)
     member.proc = subprocess.Popen(["patroni", str(member.config)], stdout=log, stderr=subprocess.STDOUT,
                                    start_new_session=True, cwd=member.root, env=_patroni_env(cluster.root),
-                                   **_as_postgres())
+                                   **as_postgres())
 
 
 def _stop(cluster: PatroniCluster, etcd: subprocess.Popen[bytes] | None) -> None:
