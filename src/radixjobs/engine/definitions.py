@@ -280,9 +280,9 @@ async def load_definition(pool: AsyncConnectionPool[Any], cache: DefinitionCache
 LOAD_HOOK = """
 SELECT n.nspname, p.proname, j.on_failure_signature
 FROM radix.jobs j
-JOIN pg_catalog.pg_proc p ON p.oid = j.on_failure_oid
-JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
-WHERE j.job_id = %s
+JOIN pg_catalog.pg_proc p ON p.oid OPERATOR(pg_catalog.=) j.on_failure_oid
+JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) p.pronamespace
+WHERE j.job_id OPERATOR(pg_catalog.=) %s::pg_catalog.uuid
 """
 HOOK_KIND = "on_failure"  # the claim's run_kind of a hook's attempt
 # The hook's one argument, the failure document: radix.current_arguments hands it to a hook's attempt.

@@ -54,8 +54,11 @@ COMMITTED = ("SELECT EXISTS (SELECT 1 FROM radix.radix_system_job_history WHERE 
 FAILED_JOB_NAME = ("SELECT pg_catalog.quote_ident(j.schema_name) OPERATOR(pg_catalog.||) '.' OPERATOR(pg_catalog.||) "
                    "pg_catalog.quote_ident(j.job_name) FROM radix.radix_system_job_history h "
                    "JOIN radix.jobs j ON j.job_id OPERATOR(pg_catalog.=) h.job_id "
-                   "WHERE h.job_id = %s AND h.planned_ns = %s AND h.attempt = %s AND h.run_kind = %s "
-                   "AND h.status = 'failed'")
+                   "WHERE h.job_id OPERATOR(pg_catalog.=) %s::pg_catalog.uuid "
+                   "AND h.planned_ns OPERATOR(pg_catalog.=) %s::pg_catalog.int8 "
+                   "AND h.attempt OPERATOR(pg_catalog.=) %s::pg_catalog.int4 "
+                   "AND h.run_kind OPERATOR(pg_catalog.=) %s::pg_catalog.text "
+                   "AND h.status OPERATOR(pg_catalog.=) 'failed'")
 
 
 class OutcomeRecorder:
