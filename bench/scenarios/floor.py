@@ -7,7 +7,8 @@ CALL … $$; COMMIT;`` and the connection's clean, engine/principals.py), but wi
 (``--connections``, repeatable: 4 and 8 by default, the default cap of one principal at 8 and at 16 slots per
 database). What is left is psycopg, asyncio, libpq and the server running the procedure and committing: the
 floor any Python scheduler with this isolation pays. Read
-with ``throughput`` (same unit of work, same baseline): the gap between the two is radixjobs' own cost.
+with ``throughput`` (same unit of work, same baseline), which measures its own floors in the same run through
+``measure``: the gap between the two is radixjobs' own cost.
 
 Two options measure designs radixjobs does not use (docs/hot-path.md, the levers): ``--per-query K`` sends K
 attempts in one message, each still its own transaction followed by the clean (one round trip for K);
@@ -66,18 +67,18 @@ async def _worker(conn: psycopg.AsyncConnection[Any], queue: asyncio.Queue[int],
         await conn.execute(b"".join(parts), prepare=False)
 
 
-async def _measure(dsn: str, connections: int, args: argparse.Namespace, meter: CpuMeter) -> tuple[float, float]:
+async def _measure(dsn: str, connections: int, jobs: int, clean: bool, per_query: int, per_transaction: int,
+                   meter: CpuMeter) -> tuple[float, float]:
     """Seconds and this process's CPU seconds for ``jobs`` attempts over ``connections`` connections."""
     queue: asyncio.Queue[int] = asyncio.Queue()
-    for row_id in range(args.jobs):
+    for row_id in range(jobs):
         queue.put_nowait(row_id)
     conns = [await psycopg.AsyncConnection.connect(dsn, autocommit=True, prepare_threshold=None)
              for _ in range(connections)]
     try:
         meter.reset()
         started, cpu = time.monotonic(), time.process_time()
-        await asyncio.gather(*(_worker(conn, queue, not args.no_clean, args.per_query, args.per_transaction)
-                               for conn in conns))
+        await asyncio.gather(*(_worker(conn, queue, clean, per_query, per_transaction) for conn in conns))
         meter.stop()  # before the backends end, so their CPU is counted
         return time.monotonic() - started, time.process_time() - cpu
     finally:
@@ -85,20 +86,31 @@ async def _measure(dsn: str, connections: int, args: argparse.Namespace, meter: 
             await conn.close()
 
 
+def measure(db: BenchDatabase, connections: int, jobs: int, *, clean: bool = True, per_query: int = 1,
+            per_transaction: int = 1) -> dict[str, float]:
+    """The floor of ``jobs`` attempts (rows 0 to ``jobs`` - 1 of bench.counters, which must exist) on
+    ``connections`` connections logged in as the database's principal: attempts/s, and CPU µs per attempt of
+    this process (the client) and of the server."""
+    meter = CpuMeter(db)
+    seconds, client_s = asyncio.run(_measure(principal_dsn(db.dsn, db.principal), connections, jobs, clean,
+                                             per_query, per_transaction, meter))
+    return {"attempts_per_s": jobs / seconds, "client_cpu_us_per_attempt": client_s / jobs * 1e6,
+            "server_cpu_us_per_attempt": meter.used()["server"] / jobs * 1e6}
+
+
 def run(db: BenchDatabase, args: argparse.Namespace) -> dict[str, Any]:
     one = baseline.measure(db, 1, args.baseline_seconds)
     with db.connect() as conn:
         conn.execute(b"INSERT INTO bench.counters (id) SELECT g FROM generate_series(0, %s) g", (args.jobs - 1,))
-    dsn = principal_dsn(db.dsn, db.principal)
     result: dict[str, Any] = {}
     for connections in args.connections or [4, 8]:
-        meter = CpuMeter(db)
-        seconds, client_s = asyncio.run(_measure(dsn, connections, args, meter))
-        rate = args.jobs / seconds
+        floor = measure(db, connections, args.jobs, clean=not args.no_clean, per_query=args.per_query,
+                        per_transaction=args.per_transaction)
         key = f"c{connections}"
-        result |= {f"{key}_attempts_per_s": round(rate), f"{key}_ratio_to_baseline": round(rate / one, 3),
-                   f"{key}_client_cpu_us_per_attempt": round(client_s / args.jobs * 1e6),
-                   f"{key}_server_cpu_us_per_attempt": round(meter.used()["server"] / args.jobs * 1e6)}
+        result |= {f"{key}_attempts_per_s": round(floor["attempts_per_s"]),
+                   f"{key}_ratio_to_baseline": round(floor["attempts_per_s"] / one, 3),
+                   f"{key}_client_cpu_us_per_attempt": round(floor["client_cpu_us_per_attempt"]),
+                   f"{key}_server_cpu_us_per_attempt": round(floor["server_cpu_us_per_attempt"])}
     return {"floor": {"jobs": args.jobs, "clean": not args.no_clean, "per_query": args.per_query,
                       "per_transaction": args.per_transaction, **result},
             "baseline": {"one_connection_commits_per_s": round(one)}}
