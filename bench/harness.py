@@ -144,8 +144,8 @@ def bench_database(scenario: str, dsn: str | None, settings: dict[str, str],
 # The bulk shortcut (superuser only): one job is created through radix.create_job, then cloned with plain
 # INSERTs into radix.jobs and radix.radix_system_job_state, the same rows create_job writes (admission
 # and the CALL's resolution are not redone: every clone calls the template's procedure). Clone g gets
-# the name PREFIX||g, optionally the argument value g, and its anchor and planned tick moved by
-# g * spread_ns / count.
+# the name PREFIX||g, optionally the argument value first + g * stride (g by default), and its anchor and
+# planned tick moved by g * spread_ns / count.
 CLONE_JOBS = """
 WITH t AS (SELECT j.*, s.anchor_ns, s.planned_ns FROM radix.jobs j JOIN radix.radix_system_job_state s USING (job_id)
            WHERE j.schema_name = 'bench' AND j.job_name = %(template)s),
@@ -158,7 +158,9 @@ made AS (
                             batch_ticks)
     SELECT c.job_id, t.schema_name, %(prefix)s || c.g, t.owner_oid, t.owner_name, t.principal_oid,
            t.principal_name, t.procedure_oid, t.procedure_signature,
-           CASE WHEN %(vary)s THEN jsonb_set(t.arguments, '{0,value}', to_jsonb(c.g::text)) ELSE t.arguments END,
+           CASE WHEN %(vary)s
+                THEN jsonb_set(t.arguments, '{0,value}', to_jsonb((%(first)s::bigint + c.g * %(stride)s::bigint)::text))
+                ELSE t.arguments END,
            t.schedule_kind, t.interval_ns, t.starting_at_ns + c.offset_ns, t.at_ns, t.cron_expression,
            t.cron_time_zone, t.enabled, t.deadline_ms, t.batch_ticks
     FROM t, clone c
@@ -172,11 +174,13 @@ FROM made m JOIN clone c USING (job_id), t
 
 
 def clone_jobs(conn: psycopg.Connection[Any], template: str, prefix: str, count: int, *, vary: bool,
-               spread_ns: int = 0) -> None:
-    """``count`` copies of job bench.TEMPLATE (see CLONE_JOBS), then ANALYZE."""
+               spread_ns: int = 0, first: int = 0, stride: int = 1, analyze: bool = True) -> None:
+    """``count`` copies of job bench.TEMPLATE (see CLONE_JOBS), then ANALYZE (``analyze=False``: the caller
+    does, once after cloning several templates)."""
     conn.execute(CLONE_JOBS.encode(), {"template": template, "prefix": prefix, "count": count, "vary": vary,
-                                       "spread_ns": spread_ns})
-    conn.execute(b"ANALYZE radix.jobs, radix.radix_system_job_state")
+                                       "spread_ns": spread_ns, "first": first, "stride": stride})
+    if analyze:
+        conn.execute(b"ANALYZE radix.jobs, radix.radix_system_job_state")
 
 
 def wait_for(predicate: Callable[[], T | None], timeout: float, message: str, interval: float = 0.05) -> T:
