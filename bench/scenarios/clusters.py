@@ -16,7 +16,7 @@ from typing import Any
 
 from harness import BenchDatabase, CpuMeter, Daemon, bench_database, clone_jobs, wait_for
 from scenarios import baseline
-from scenarios.throughput import CREATE_JOB
+from scenarios.throughput import create_job
 
 SPAN = """
 SELECT count(*) FILTER (WHERE status = 'succeeded'), count(*) FILTER (WHERE status <> 'succeeded'),
@@ -40,7 +40,7 @@ def prepare(db: BenchDatabase, jobs: int) -> None:
     """``jobs`` one-time jobs, held back (due_ns NULL) until every cluster is ready."""
     with db.connect() as conn:
         conn.execute(b"INSERT INTO bench.counters (id) SELECT g FROM generate_series(0, %s) g", (jobs - 1,))
-        conn.execute(CREATE_JOB.encode(), (db.principal, False))  # the default options: no tick batches
+        create_job(conn, db.principal, False)  # the default options: no tick batches
         clone_jobs(conn, "t0", "t", jobs - 1, vary=True)
         conn.execute(b"UPDATE radix.radix_system_job_state SET due_ns = NULL")
 

@@ -16,7 +16,7 @@ from typing import Any
 from psycopg import sql
 
 from harness import BenchDatabase, CpuMeter, Daemon, clone_jobs, wait_for
-from scenarios.throughput import CREATE_JOB
+from scenarios.throughput import create_job
 
 # Settings of the embedded server this scenario needs (bench/run.py merges them under --setting).
 SETTINGS = {"shared_preload_libraries": "pg_stat_statements", "pg_stat_statements.track": "all"}
@@ -44,7 +44,7 @@ def run(db: BenchDatabase, args: argparse.Namespace) -> dict[str, Any]:
     with db.connect() as conn:
         conn.execute(b"CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
         conn.execute(b"INSERT INTO bench.counters (id) SELECT g FROM generate_series(0, %s) g", (args.jobs - 1,))
-        conn.execute(CREATE_JOB.encode(), (db.principal, False))  # the default options: no tick batches
+        create_job(conn, db.principal, False)  # the default options: no tick batches
         clone_jobs(conn, "t0", "t", args.jobs - 1, vary=True)
         conn.execute(b"UPDATE radix.radix_system_job_state SET due_ns = NULL")
         conn.execute(sql.SQL("ALTER DATABASE {} SET track_functions = 'all'").format(sql.Identifier(conn.info.dbname)))
