@@ -1,9 +1,9 @@
 """Benchmarks of radixjobs: ``python bench/run.py SCENARIO [--json] [options]``.
 
-Scenarios: baseline, throughput, floor, tickcost, lateness, scale, failover, clusters, compare, profile, ha (see
-docs/benchmarks.md). Each creates its own embedded server in a temporary directory (or uses ``--dsn``, a superuser
-DSN, or ``--pg-bin``: an embedded server from another PostgreSQL's binaries) and its own database; ``ha`` builds
-its own Patroni cluster instead (``run_own_servers``), and takes none of those three options.
+Scenarios: baseline, throughput, floor, tickcost, lateness, soak, scale, failover, clusters, compare, profile, ha
+(see docs/benchmarks.md). Each creates its own embedded server in a temporary directory (or uses ``--dsn``, a
+superuser DSN, or ``--pg-bin``: an embedded server from another PostgreSQL's binaries) and its own database; ``ha``
+builds its own Patroni cluster instead (``run_own_servers``), and takes none of those three options.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from harness import bench_database, emit, parse_settings
 
-SCENARIOS = ("baseline", "throughput", "floor", "tickcost", "lateness", "scale", "failover", "clusters", "compare",
-             "profile", "ha")
+SCENARIOS = ("baseline", "throughput", "floor", "tickcost", "lateness", "soak", "scale", "failover", "clusters",
+             "compare", "profile", "ha")
 
 
 def parser() -> argparse.ArgumentParser:

@@ -69,17 +69,46 @@ def other_targets(stack: contextlib.ExitStack) -> list[str]:
             "--dsn", f"host=127.0.0.1 port={hung.getsockname()[1]} dbname=hung user=nobody"]
 
 
-def run(db: BenchDatabase, args: argparse.Namespace) -> dict[str, Any]:
-    one = baseline.measure(db, 1, args.baseline_seconds)
+def create_jobs(db: BenchDatabase, jobs: int, phase: str) -> None:
+    """``jobs`` jobs EVERY 1 second calling bench.tick (l0 through radix.create_job, the others its clones), their
+    ticks spread evenly over the second or (``aligned``) all due at the same instant."""
     with db.connect() as conn:
         conn.execute(CREATE_JOB.encode(), (db.principal,))
-        spread_ns = (args.jobs - 1) * NS // args.jobs if args.phase == "spread" else 0
-        clone_jobs(conn, "l0", "l", args.jobs - 1, vary=False, spread_ns=spread_ns)
+        spread_ns = (jobs - 1) * NS // jobs if phase == "spread" else 0
+        clone_jobs(conn, "l0", "l", jobs - 1, vary=False, spread_ns=spread_ns)
+
+
+def start_daemon(db: BenchDatabase, node_id: str, concurrency: int, others: list[str]) -> Daemon:
+    """``radixjobs serve`` with ``concurrency`` slots for the database (and ``others``: other_targets)."""
+    node = max(32, concurrency) * (3 if others else 1)  # the database's cluster keeps its default share
+    return Daemon(db.dsn, node_id, *others, "--per-database-concurrency", str(concurrency),
+                  "--concurrency", str(node))
+
+
+def window_ticks(db: BenchDatabase, w0: int, w1: int) -> dict[str, Any]:
+    """The ticks planned inside [w0, w1) (ns): expected, run, missed, duplicated, and their lateness."""
+    with db.connect() as conn:
+        row = conn.execute(TICKS.encode(), {"w0": w0, "w1": w1}).fetchone()
+    assert row is not None
+    expected, ran, duplicates, late = int(row[0] or 0), int(row[1]), int(row[2]), list(row[3] or [])
+    return {"ticks_expected": expected, "ticks_run": ran, "ticks_missed": expected - ran,
+            "duplicate_ticks": duplicates, **lateness_figures(late)}
+
+
+def lateness_figures(late: list[float]) -> dict[str, float]:
+    """p50 / p99 / max of lateness in ms (none when no tick ran)."""
+    if not late:
+        return {}
+    return {"lateness_p50_ms": round(percentile(late, 0.50), 2), "lateness_p99_ms": round(percentile(late, 0.99), 2),
+            "lateness_max_ms": round(max(late), 2)}
+
+
+def run(db: BenchDatabase, args: argparse.Namespace) -> dict[str, Any]:
+    one = baseline.measure(db, 1, args.baseline_seconds)
+    create_jobs(db, args.jobs, args.phase)
     stack = contextlib.ExitStack()
     others = other_targets(stack) if args.down_and_hung_targets else []
-    node = max(32, args.concurrency) * (3 if others else 1)  # the database's cluster keeps its default share
-    daemon = Daemon(db.dsn, "bench-lateness", *others, "--per-database-concurrency", str(args.concurrency),
-                    "--concurrency", str(node))
+    daemon = start_daemon(db, "bench-lateness", args.concurrency, others)
     try:
         time.sleep(3.0)  # start-up: connections, first claims
         w0 = int(db.scalar("SELECT radix.to_ns(clock_timestamp())"))
@@ -92,20 +121,13 @@ def run(db: BenchDatabase, args: argparse.Namespace) -> dict[str, Any]:
     finally:
         daemon.stop()
         stack.close()
-    with db.connect() as conn:
-        row = conn.execute(TICKS.encode(), {"w0": w0, "w1": w1}).fetchone()
-    assert row is not None
-    expected, ran, duplicates, late = int(row[0] or 0), int(row[1]), int(row[2]), list(row[3] or [])
+    ticks = window_ticks(db, w0, w1)
+    late = {key: ticks.pop(key) for key in list(ticks) if key.startswith("lateness_")}
     result: dict[str, Any] = {
-        "jobs": args.jobs, "phase": args.phase, "seconds": args.seconds, "concurrency": args.concurrency,
-        "ticks_expected": expected, "ticks_run": ran, "ticks_missed": expected - ran,
-        "duplicate_ticks": duplicates, "down_and_hung_targets": bool(others),
+        "jobs": args.jobs, "phase": args.phase, "seconds": args.seconds, "concurrency": args.concurrency, **ticks,
+        "down_and_hung_targets": bool(others),
         "daemon_cpu_percent_of_a_core": round(100 * cpu["daemon"] / args.seconds, 1),
         "server_cpu_percent_of_a_core": round(100 * cpu["server"] / args.seconds, 1),
-        "daemon_rss_mb": round(rss / 2**20, 1),
+        "daemon_rss_mb": round(rss / 2**20, 1), **late,
     }
-    if late:
-        result |= {"lateness_p50_ms": round(percentile(late, 0.50), 2),
-                   "lateness_p99_ms": round(percentile(late, 0.99), 2),
-                   "lateness_max_ms": round(max(late), 2)}
     return {"lateness": result, "baseline": {"one_connection_commits_per_s": round(one)}}
