@@ -20,13 +20,13 @@ CREATE_JOB = """
 SELECT radix.create_job('bench.f0', jsonb_build_object('every', '1 second'), %s, 'bench.slow',
                         jsonb_build_object('ms', %s))
 """
-# The node's attempts in progress: its one-transaction ticks, read from their query text (radix.begin_tick's
-# job and tick, radix.end_tick's node id in hex: engine/ticks.py), and its leases (published ticks, claims).
+# The node's attempts in progress: its one-transaction ticks, read from their query text (radix.run_tick's job,
+# tick and node id in hex: engine/ticks.py), and its leases (published ticks, claims).
 HELD = """
-SELECT substring(a.query FROM 'begin_tick\\(''([0-9a-f-]+)''')::uuid,
-       substring(a.query FROM 'begin_tick\\(''[0-9a-f-]+''::pg_catalog.uuid, ''([0-9]+)''')::bigint
+SELECT substring(a.query FROM 'run_tick\\(''([0-9a-f-]+)''')::uuid,
+       substring(a.query FROM 'run_tick\\(''[0-9a-f-]+''::pg_catalog.uuid, ''([0-9]+)''')::bigint
 FROM pg_stat_activity a
-WHERE a.application_name = 'radixjobs-attempt' AND a.state = 'active' AND a.query LIKE '%%begin_tick%%'
+WHERE a.application_name = 'radixjobs-attempt' AND a.state = 'active' AND a.query LIKE '%%run_tick%%'
   AND strpos(a.query, %s) > 0
 UNION
 SELECT job_id, planned_ns FROM radix.radix_system_job_state WHERE lease_node = %s AND status = 'running'

@@ -1,9 +1,9 @@
 """Floor: an atomic attempt's query without radixjobs' own work, from one asyncio process.
 
 ``--jobs`` attempts of the throughput scenario's unit of work (``bench.touch``: one row updated), each sent the
-way the daemon sends a tick (one simple query on a connection logged in as the principal: ``BEGIN; DO $$ …
-CALL … $$; COMMIT;`` and the connection's clean, engine/principals.py), but with no ``radix.begin_tick`` /
-``radix.end_tick``, no finder, no bookkeeping: psycopg async connections taking the next job from a queue
+way the daemon sends a tick (one simple query on a connection logged in as the principal: ``BEGIN; CALL …;
+COMMIT;`` and the connection's clean, engine/principals.py), but with no ``radix.run_tick``, no finder, no
+bookkeeping: psycopg async connections taking the next job from a queue
 (``--connections``, repeatable: 4 and 8 by default, the default cap of one principal at 8 and at 16 slots per
 database). What is left is psycopg, asyncio, libpq and the server running the procedure and committing: the
 floor any Python scheduler with this isolation pays. Read
@@ -43,7 +43,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _attempt(row_id: int) -> bytes:
-    return f"DO $$BEGIN CALL bench.touch({int(row_id)}); END$$; ".encode()
+    return f"CALL bench.touch({int(row_id)}); ".encode()
 
 
 async def _worker(conn: psycopg.AsyncConnection[Any], queue: asyncio.Queue[int], clean: bool, per_query: int,

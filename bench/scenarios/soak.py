@@ -16,7 +16,6 @@ job has that many.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import time
 from collections.abc import Callable
 from typing import Any
@@ -25,7 +24,6 @@ import psutil
 import psycopg
 
 from harness import BenchDatabase, CpuMeter
-from radixjobs.engine.principals import principal_dsn
 from scenarios import baseline, floor, lateness
 
 NS = lateness.NS
@@ -73,12 +71,10 @@ def measure_floor(db: BenchDatabase, attempts: int, connections: int) -> dict[st
     with db.connect() as conn:
         conn.execute(b"INSERT INTO bench.counters (id) SELECT g FROM generate_series(0, %s) g ON CONFLICT DO NOTHING",
                      (attempts - 1,))
-        options = argparse.Namespace(jobs=attempts, no_clean=False, per_query=1, per_transaction=1)
         before = wal_lsn(conn)
-        seconds, _ = asyncio.run(floor._measure(principal_dsn(db.dsn, db.principal), connections, options,
-                                                CpuMeter(db)))
+        measured = floor.measure(db, connections, attempts)
         wal = wal_since(conn, before)
-    return {"attempts": attempts, "connections": connections, "attempts_per_s": round(attempts / seconds),
+    return {"attempts": attempts, "connections": connections, "attempts_per_s": round(measured["attempts_per_s"]),
             "wal_bytes": wal, "wal_bytes_per_attempt": round(wal / attempts)}
 
 

@@ -1,11 +1,11 @@
 """Tick cost: server CPU of one tick on one backend, with radix's bookkeeping, with it replaced by no-ops, and
 without the connection's clean.
 
-The daemon's tick query (engine/ticks.py: ``BEGIN; begin_tick; DO … CALL …; end_tick; COMMIT; <clean>``) is
+The daemon's tick query (engine/ticks.py: ``BEGIN; <timeout>; SELECT … FROM radix.run_tick(…); COMMIT; <clean>``) is
 sent ``--ticks`` times, one after another, on one connection logged in as the principal, and the CPU of that
 backend alone is read (no other backend, no client, no concurrency). Rounds alternate three variants:
 
-- ``radix``: the query as the daemon sends it, radix.begin_tick and radix.end_tick (radix.start_ticks and
+- ``radix``: the query as the daemon sends it, radix.start_tick and radix.end_tick (radix.start_ticks and
   radix.end_ticks for a batch) as installed (the tick lock, the checks, the MAC, the frame, the state
   advanced, the history row, the prune);
 - ``noop``: those functions replaced by functions that do nothing, in this scenario's own throwaway database
@@ -46,7 +46,7 @@ import psycopg
 
 from harness import BenchDatabase, clone_jobs, wait_for
 from radixjobs.engine.batches import RUN_TICKS_RESULT, BatchItem, batch_query
-from radixjobs.engine.definitions import ARGUMENTS, JobDefinition, build_batch_call, build_call
+from radixjobs.engine.definitions import ARGUMENTS, JobDefinition, build_call, build_tick_call
 from radixjobs.engine.principals import principal_dsn
 from radixjobs.engine.ticks import FIND_TICKS, Tick, tick_query
 from radixjobs.model import AtSchedule
@@ -72,13 +72,13 @@ SELECT j.job_id, j.definition_version, -g, 1, j.job_id::text || '/' || (-g)::tex
        true, now(), now()
 FROM radix.jobs j, generate_series(1, %s) g
 """
-FUNCTIONS = ("radix.begin_tick(uuid, bigint, text)", "radix.end_tick(uuid, text, bigint, text)",
-             "radix.start_tick(uuid, bigint, text)", "radix.start_ticks(uuid[], bigint[], text[])",
+FUNCTIONS = ("radix.start_tick(uuid, bigint, text)", "radix.end_tick(uuid, bigint, integer, text, bigint, text)",
+             "radix.start_ticks(uuid[], bigint[], text[])",
              "radix.end_ticks(uuid[], bigint[], integer[], text[], bigint[], boolean[], text)")
-SIGNATURES = ("radix.begin_tick(job uuid, planned_ns bigint, mac text) RETURNS void",
-              "radix.end_tick(job uuid, mac text, next_planned_ns bigint, node text) RETURNS void",
-              "radix.start_tick(job uuid, planned_ns bigint, mac text, OUT error_sqlstate text, "
-              "OUT error_message text)",
+SIGNATURES = ("radix.start_tick(job uuid, planned_ns bigint, mac text, OUT error_sqlstate text, "
+              "OUT error_message text, OUT frame text, OUT arguments jsonb)",
+              "radix.end_tick(job uuid, planned bigint, attempt integer, mac text, next_ns bigint, node text) "
+              "RETURNS void",
               "radix.start_ticks(jobs uuid[], planned bigint[], macs text[]) RETURNS TABLE (ordinal integer, "
               "error_sqlstate text, error_message text, frame text, arguments jsonb)",
               "radix.end_ticks(jobs uuid[], planned bigint[], attempts integer[], macs text[], nexts bigint[], "
@@ -90,8 +90,8 @@ SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan
 AS $$ BEGIN {body} END $$
 """
-# A no-op begin_tick still gives the DO block the arguments every job of this scenario has (radix.arguments).
-NOOP_BODIES = {SIGNATURES[0]: "PERFORM set_config('radix.arguments', '[{\"value\": \"0\"}]', true);"}
+# A no-op start_tick still gives the CALL the arguments every job of this scenario has.
+NOOP_BODIES = {SIGNATURES[0]: "arguments := '[{\"value\": \"0\"}]';"}
 NODE = "bench-tickcost"
 VARIANTS = ("radix", "noop", "noclean")
 WARM = 200  # ticks run, not counted, after the functions change: plans cached, functions compiled
@@ -139,7 +139,7 @@ def _round(scheduler: psycopg.Connection[Any], principal: psycopg.Connection[Any
             if batch > 1:
                 query = batch_query(items, key, NODE.encode().hex())
             else:
-                query = tick_query(job.call or b"", chunk[0], 60_000, items[0].next_planned_ns, key,
+                query = tick_query(job.tick_call or b"", chunk[0], 60_000, items[0].next_planned_ns, key,
                                    NODE.encode().hex())
             if not clean:
                 query = query[:query.index(b"COMMIT; ") + len(b"COMMIT; ")] + b"SELECT true"
@@ -194,7 +194,7 @@ def run(db: BenchDatabase, args: argparse.Namespace) -> dict[str, Any]:
         arguments = db.scalar("SELECT arguments FROM radix.jobs WHERE job_name = 't0'")
         installed = [str(db.scalar("SELECT pg_get_functiondef(%s::regprocedure)", (f,))) for f in FUNCTIONS]
     job = JobDefinition(uuid.UUID(int=0), 1, "bench.t0", "", "", build_call("bench", "touch", arguments, ARGUMENTS),
-                        60_000, False, AtSchedule(0), batch_call=build_batch_call("bench", "touch", arguments))
+                        60_000, False, AtSchedule(0), tick_call=build_tick_call("bench", "touch", arguments))
     per_tick: dict[str, list[float]] = {variant: [] for variant in VARIANTS}
     with db.connect() as scheduler, psycopg.connect(principal_dsn(db.dsn, db.principal), autocommit=True,
                                                     prepare_threshold=None) as principal:

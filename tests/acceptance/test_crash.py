@@ -67,7 +67,7 @@ def test_crash_inside_the_procedure(app: App, tmp_path: Path) -> None:
     name = app.job("CREATE JOB app.s SCHEDULE AT TIMESTAMP '2020-01-01' RUN AS {p} CALL app.slow()")
     marker = tmp_path / "reached"
     proc = subprocess.Popen([sys.executable, "-m", "tests.acceptance.crash_runner", app.dsn, "never", str(marker)])
-    wait_for(lambda: app.conn.execute("SELECT count(*) FROM pg_stat_activity WHERE query LIKE '%%DO%%CALL%%slow%%' "
+    wait_for(lambda: app.conn.execute("SELECT count(*) FROM pg_stat_activity WHERE query LIKE '%%CALL%%slow%%' "
                                       "AND state = 'active' AND wait_event = 'PgSleep'").fetchone() == (1,),
              timeout=60, message="the CALL")
     _kill(proc)

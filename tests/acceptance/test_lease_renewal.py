@@ -37,7 +37,7 @@ def _nap_job(app: App) -> str:
 def _running(app: App) -> dict[str, Any] | None:
     row = app.conn.execute("SELECT lease_node, lease_expires_at > clock_timestamp() AS live FROM radix.job_overview "
                            "WHERE status = 'running' AND EXISTS (SELECT 1 FROM pg_stat_activity WHERE "
-                           "query LIKE '%%DO%%CALL%%nap%%' AND state = 'active' AND wait_event = 'PgSleep')").fetchone()
+                           "query LIKE '%%CALL%%nap%%' AND state = 'active' AND wait_event = 'PgSleep')").fetchone()
     return None if row is None else {"node": row[0], "live": row[1]}
 
 

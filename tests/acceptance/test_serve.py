@@ -170,7 +170,7 @@ def test_sigterm_waits_then_cancels_past_the_grace(app: App, tmp_path: Path) -> 
     app.job("CREATE JOB app.long SCHEDULE AT TIMESTAMP '2020-01-01' RUN AS {p} CALL app.long()")
     daemon = Serve(tmp_path, "--grace", "1", env=_dsn_env(app), name="node")
     try:
-        wait_for(lambda: app.conn.execute("SELECT count(*) FROM pg_stat_activity WHERE query LIKE '%%DO%%CALL%%long%%' "
+        wait_for(lambda: app.conn.execute("SELECT count(*) FROM pg_stat_activity WHERE query LIKE '%%CALL%%long%%' "
                                           "AND state = 'active' AND wait_event = 'PgSleep'").fetchone() == (1,),
                  message="the long CALL")
         daemon.signal(signal.SIGTERM)

@@ -228,7 +228,7 @@ def test_a_lost_lease_ends_the_attempt_at_once(app: App) -> None:
         async with Engine(app.dsn, node_id="keeper", lease_s=3) as engine:
             await engine.dispatch_due()
             await asyncio.to_thread(wait_for, lambda: _one(app, "SELECT count(*) FROM pg_stat_activity WHERE "
-                                                                "query LIKE '%%DO%%sleepy%%' AND state = 'active' "
+                                                                "query LIKE '%%CALL%%sleepy%%' AND state = 'active' "
                                                                 "AND wait_event = 'PgSleep'"),
                                     message="the attempt to run")
             await asyncio.to_thread(catalog.alter_job, app.conn, name, enabled=False)

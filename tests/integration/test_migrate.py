@@ -202,7 +202,7 @@ def test_every_routine_with_settings_pins_jit_off(conn: psycopg.Connection[Any])
     assert rows
     assert [name for name, _, config in rows if config is not None and "jit=off" not in config] == []
     unpinned = sorted(name.split("(")[0] for name, language, config in rows if config is None and language != "sql")
-    assert unpinned == ["radix.run_ticks"]
+    assert unpinned == ["radix.run_tick", "radix.run_ticks"]
     # the finder's helpers that one principal does not reach (test_batches.py calls the rest)
     languages = {name.split("(")[0]: language for name, language, _ in rows}
     assert {languages[f"radix.{name}"] for name in ("_claim_shares", "node_alive", "job_has_live_frame")} == {"plpgsql"}

@@ -2,7 +2,7 @@
 
 Every case is run twice: as job DDL, and as PostgreSQL's own ``CALL`` with the same argument text. Each
 overload records which one ran, so an accepted job must name the overload CALL ran, and the engine's CALL
-built from the stored binding (``build_call``, and ``build_batch_call`` as a tick batch runs it) must run it
+built from the stored binding (``build_call``, and ``build_tick_call`` as a tick batch runs it) must run it
 too. A refusal must be PostgreSQL's own refusal (same SQLSTATE) and write nothing.
 """
 
@@ -17,7 +17,7 @@ import psycopg
 import pytest
 
 from radixjobs import catalog
-from radixjobs.engine.definitions import build_batch_call, build_call, dollar_quoted
+from radixjobs.engine.definitions import build_call, build_tick_call, dollar_quoted
 from tests.integration.test_admission import (
     Counts,
     RoleFactory,
@@ -76,7 +76,7 @@ def run_stored_call(site: Site, conn: Conn, job: dict[str, Any], batch: bool = F
     if not batch:
         conn.execute(build_call(schema, name, job["arguments"], stored))
         return
-    call = dollar_quoted(build_batch_call(schema, name, job["arguments"]).decode(), "call")
+    call = dollar_quoted(build_tick_call(schema, name, job["arguments"]).decode(), "call")
     conn.execute(("DO " + dollar_quoted(f"BEGIN EXECUTE {call} USING {stored}; END", "block")).encode())
 
 

@@ -72,19 +72,20 @@ LEDGER_WRITES = {
     "begin_atomic of another job with the session key": "PERFORM radix.begin_atomic('{victim}', "
                                                          "radix.attempt_session());",
     "end_atomic of another job": "PERFORM radix.end_atomic('{victim}', md5(random()::text), 0);",
-    # the one-transaction tick ( tests/security/test_ticks.py reads and replays a real MAC)
-    "begin_tick with a guessed MAC": "PERFORM radix.begin_tick(radix.current_job_id(), 0, md5(random()::text));",
-    "begin_tick of another job with the session key": "PERFORM radix.begin_tick('{victim}', 0, "
-                                                       "radix.attempt_session());",
-    "end_tick of its own tick with a guessed MAC": "PERFORM radix.end_tick(radix.current_job_id(), "
-                                                   "md5(random()::text), 0, '41');",
-    "end_tick of another job": "PERFORM radix.end_tick('{victim}', md5(random()::text), 0, '41');",
-    # tick batches: start_tick reports its refusal instead of raising it, so the body raises on it
+    # the one-transaction tick ( tests/security/test_ticks.py reads and replays a real MAC): start_tick reports
+    # its refusal instead of raising it, so the body raises on it
     "start_tick with a guessed MAC": "IF (SELECT s.error_sqlstate FROM radix.start_tick(radix.current_job_id(), 0, "
                                      "md5(random()::text)) s) IS NOT NULL THEN RAISE 'refused'; END IF;",
     "start_tick of another job with the session key": "IF (SELECT s.error_sqlstate FROM radix.start_tick('{victim}', "
                                                        "0, radix.attempt_session()) s) IS NOT NULL THEN "
                                                        "RAISE 'refused'; END IF;",
+    "end_tick of its own tick with a guessed MAC": "PERFORM radix.end_tick(radix.current_job_id(), 0, 1, "
+                                                   "md5(random()::text), 0, '41');",
+    "end_tick of another job": "PERFORM radix.end_tick('{victim}', 0, 1, md5(random()::text), 0, '41');",
+    "run_tick of another job": "IF (SELECT r.failed_at FROM radix.run_tick('{victim}', 0, 1, "
+                               "radix.attempt_session(), 'CALL app.record(''ran'')', NULL, '41') r) IS NOT NULL "
+                               "THEN RAISE 'refused'; END IF;",
+    # tick batches
     "end_ticks of its own tick with a guessed MAC": "PERFORM radix.end_ticks(ARRAY[radix.current_job_id()], "
                                                     "ARRAY[0::bigint], ARRAY[1], ARRAY[md5(random()::text)], "
                                                     "ARRAY[NULL::bigint], ARRAY[true], '41');",

@@ -18,8 +18,8 @@ from tests.apps import App, Background, holding, waiting_on
 from tests.support import wait_for
 
 LOCK = 86421  # the procedures wait on this advisory lock, held by the test, so their tick stays open
-TICK = re.compile(r"radix\.begin_tick\('([0-9a-f-]+)'::pg_catalog\.uuid, '([0-9]+)'::pg_catalog\.int8, "
-                  r"'([0-9a-f]+)'::pg_catalog\.text\)")
+TICK = re.compile(r"radix\.run_tick\('([0-9a-f-]+)'::pg_catalog\.uuid, '([0-9]+)'::pg_catalog\.int8, "
+                  r"'([0-9]+)'::pg_catalog\.int4, '([0-9a-f]+)'::pg_catalog\.text")
 NODE = "41"  # end_tick's node argument (hex of the node id): any will do for an attack
 
 
@@ -38,14 +38,21 @@ def held(app: App) -> Iterator[psycopg.Connection[Any]]:
         yield conn
 
 
-def _waiting_tick(app: App) -> tuple[int, str, str, int, str]:
+def _waiting_tick(app: App) -> tuple[int, str, str, int, int, str]:
     """The tick waiting on LOCK as the principal's own session sees it in pg_stat_activity: its pid, its
-    query text, and the job, planned time and MAC read from that text."""
+    query text, and the job, planned time, attempt and MAC read from that text."""
     pid, query = waiting_on(app, LOCK)
     found = TICK.search(query)
     assert found is not None, query
-    job, planned, mac = found.groups()
-    return pid, query, job, int(planned), mac
+    job, planned, attempt, mac = found.groups()
+    return pid, query, job, int(planned), int(attempt), mac
+
+
+def _start_refused(conn: psycopg.Connection[Any], job: str, planned: int, mac: str) -> str | None:
+    """radix.start_tick's refusal (its SQLSTATE) of the tick on ``conn``, None when it started it."""
+    row = conn.execute("SELECT error_sqlstate FROM radix.start_tick(%s, %s, %s)", (job, planned, mac)).fetchone()
+    assert row is not None
+    return row[0] if isinstance(row[0], str) else None
 
 
 def test_the_tick_query_carries_a_mac_that_no_other_session_can_use(app: App,
@@ -53,7 +60,7 @@ def test_the_tick_query_carries_a_mac_that_no_other_session_can_use(app: App,
     _procedure(app, "app.waits", f"PERFORM pg_advisory_xact_lock({LOCK}); CALL app.record('ran');")
     name = app.job("CREATE JOB app.mac SCHEDULE AT TIMESTAMP '2020-01-01' RUN AS {p} CALL app.waits()")
     with Background(app.dsn, concurrency=1):
-        _, query, job, planned, mac = _waiting_tick(app)
+        _, query, job, planned, attempt, mac = _waiting_tick(app)
         row = app.conn.execute("SELECT radix._tick_token(job_id, %s, attempt, updated_at) "
                                "FROM radix.radix_system_job_state WHERE job_id = %s", (planned, job)).fetchone()
         assert row is not None
@@ -61,11 +68,10 @@ def test_the_tick_query_carries_a_mac_that_no_other_session_can_use(app: App,
         assert str(token) not in query
         assert token.hex not in query
         with _as_principal(app) as other:
-            with pytest.raises(psycopg.Error) as refused:  # the tick's lock is held by the tick itself
-                other.execute("SELECT radix.begin_tick(%s, %s, %s)", (job, planned, mac))
-            assert refused.value.sqlstate == "RXT01"
-            with pytest.raises(psycopg.Error) as refused:  # no frame on this backend
-                other.execute("SELECT radix.end_tick(%s, %s, NULL, %s)", (job, mac, NODE))
+            # the tick's lock is held by the tick itself
+            assert _start_refused(other, job, planned, mac) == "RXT01"
+            with pytest.raises(psycopg.Error) as refused:  # the MAC is good only on the tick's backend
+                other.execute("SELECT radix.end_tick(%s, %s, %s, %s, NULL, %s)", (job, planned, attempt, mac, NODE))
             assert refused.value.sqlstate == "RXL01"
         held.execute("SELECT pg_advisory_unlock(%s)", (LOCK,))
         wait_for(lambda: app.history(name) and app.history(name)[-1]["status"] == "succeeded")
@@ -75,10 +81,12 @@ def test_the_tick_query_carries_a_mac_that_no_other_session_can_use(app: App,
 
 def test_ending_its_own_tick_early_with_the_mac_rolls_everything_back(app: App) -> None:
     """The procedure reads its MAC from current_query() and ends its tick itself (the next tick far in the
-    future): the daemon's own end_tick then finds no frame, and the whole tick rolls back."""
+    future): run_tick's own end_tick then finds the tick neither as begun nor published, and the whole tick
+    rolls back, the forged end with it."""
     _procedure(app, "app.forge",
                "PERFORM radix.end_tick(radix.current_job_id(), substring(current_query() "
-               "FROM 'begin_tick\\(''[^'']+''::pg_catalog.uuid, ''[0-9]+''::pg_catalog.int8, ''([0-9a-f]+)'''), "
+               "FROM 'run_tick\\(''[^'']+''::pg_catalog.uuid, ''([0-9]+)''')::bigint, radix.current_job_attempt(), "
+               "substring(current_query() FROM '''([0-9a-f]{64})''::pg_catalog.text'), "
                "4102444800000000000, '41'); CALL app.record('forged');")
     name = app.job("CREATE JOB app.forger SCHEDULE EVERY INTERVAL '1 hour' RUN AS {p} CALL app.forge() "
                    "WITH (max_attempts = 1)")
@@ -87,7 +95,7 @@ def test_ending_its_own_tick_early_with_the_mac_rolls_everything_back(app: App) 
     app.run(max_per_principal=1)
     (h,) = app.history(name)
     assert h["status"] == "failed", h
-    assert "frame of this attempt is gone" in str(h["error"]), h
+    assert "no longer held" in str(h["error"]), h
     assert app.effects() == []
     # the failure is recorded by the daemon, and the job stays on its grid, not in the year 2100
     assert app.state(name)["planned_ns"] in (planned, planned + 3600 * 10**9)
@@ -101,20 +109,20 @@ def test_a_tick_mac_replayed_after_the_tick_failed_is_refused(app: App, held: ps
     a = app.job("CREATE JOB app.a SCHEDULE AT TIMESTAMP '2020-01-01' RUN AS {p} CALL app.victim_body() "
                 "WITH (max_attempts = 1)")
     with Background(app.dsn, concurrency=1):
-        pid, _, job, planned, mac = _waiting_tick(app)
+        pid, _, job, planned, attempt, mac = _waiting_tick(app)
         _procedure(app, "app.replay",
-                   f"BEGIN PERFORM radix.begin_tick('{job}', {planned}, '{mac}'); "
-                   f"PERFORM radix.end_tick('{job}', '{mac}', NULL, '41'); CALL app.record('replayed'); "
-                   "EXCEPTION WHEN OTHERS THEN "
+                   "DECLARE refused text; BEGIN SELECT s.error_message INTO refused "
+                   f"FROM radix.start_tick('{job}', {planned}, '{mac}') s; "
+                   "IF refused IS NOT NULL THEN RAISE EXCEPTION '%', refused; END IF; "
+                   f"PERFORM radix.end_tick('{job}', {planned}, {attempt}, '{mac}', NULL, '41'); "
+                   "CALL app.record('replayed'); EXCEPTION WHEN OTHERS THEN "
                    "RAISE EXCEPTION 'replay on pid % refused: %', pg_backend_pid(), SQLERRM; END;")
         b = app.job("CREATE JOB app.b SCHEDULE AT TIMESTAMP '2020-01-01' RUN AS {p} CALL app.replay() "
                     "WITH (max_attempts = 1)")
         held.execute("SELECT pg_advisory_unlock(%s)", (LOCK,))
         wait_for(lambda: [h["status"] for h in app.history(a)] == ["failed"])
         with _as_principal(app) as other:
-            with pytest.raises(psycopg.Error) as refused:
-                other.execute("SELECT radix.begin_tick(%s, %s, %s)", (job, planned, mac))
-            assert refused.value.sqlstate == "RXT01"
+            assert _start_refused(other, job, planned, mac) == "RXT01"
         wait_for(lambda: len(app.history(b)) > 0 and app.history(b)[0]["status"] != "running")
     (hb,) = app.history(b)
     assert f"replay on pid {pid} refused" in str(hb["error"]), hb  # the same backend
@@ -138,7 +146,7 @@ def test_the_finder_and_the_tick_claim_are_the_schedulers_alone(app: App, statem
 
 
 def test_a_procedure_raising_the_ticks_own_sqlstate_is_recorded_as_its_failure(app: App) -> None:
-    """RXT01 from begin_tick means 'not this node's tick: record nothing'. A procedure raising it itself
+    """RXT01 in run_tick's row means 'not this node's tick: record nothing'. A procedure raising it itself
     must not hide its failures (and so escape the attempt count and the backoff): a tick still as found
     and free is claimed and its failure recorded."""
     _procedure(app, "app.hides", "CALL app.record('x'); RAISE EXCEPTION 'not mine' USING ERRCODE = 'RXT01';")

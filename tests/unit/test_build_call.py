@@ -1,6 +1,6 @@
 """definitions.build_call renders the DO block with string operations (engine/definitions.py): its identifiers
 must be what psycopg's sql.Identifier renders, whatever the name, and no argument value is in its text (each is
-read from the stored arguments on the server). build_batch_call renders the same CALL reading them from $1."""
+read from the stored arguments on the server). build_tick_call renders the same CALL reading them from $1."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from psycopg import sql
 
 from radixjobs.engine import definitions
-from radixjobs.engine.definitions import build_batch_call, build_call
+from radixjobs.engine.definitions import build_call, build_tick_call
 
 NAMES = ["plain", "Mixed Case", 'quo"te', '""', "ünïcödé", "semi;colon", "$dollar$", "back\\slash", "select"]
 
@@ -36,7 +36,7 @@ def test_the_block_quotes_every_name_and_reads_each_value_from_the_stored_argume
 
 def test_no_value_is_in_the_text() -> None:
     for call in (build_call("s", "p", ARGUMENTS, definitions.ARGUMENTS),
-                 build_batch_call("s", "p", ARGUMENTS)):
+                 build_tick_call("s", "p", ARGUMENTS)):
         assert b"radix_value" not in call
         assert b"31415926" not in call
         assert b"it's" not in call
@@ -48,8 +48,8 @@ def test_without_arguments_the_block_reads_nothing() -> None:
     assert 'CALL "s"."p"();' in call
 
 
-def test_the_batch_call_is_the_blocks_call_reading_the_parameter() -> None:
-    call = build_batch_call('s"x', "p q", ARGUMENTS).decode()
+def test_the_tick_call_is_the_blocks_call_reading_the_parameter() -> None:
+    call = build_tick_call('s"x', "p q", ARGUMENTS).decode()
     assert call == ('CALL "s""x"."p q"('
                     "CAST(pg_catalog.jsonb_extract_path_text($1, '2', 'value') AS numeric(10,2)), "
                     "CAST(pg_catalog.jsonb_extract_path_text($1, '0', 'value') AS text), "

@@ -36,7 +36,8 @@ from radixjobs.engine.definitions import JobDefinition
 from radixjobs.engine.principals import clean_statement
 
 NON_ATOMIC_SQLSTATE = "2D000"  # invalid_transaction_termination: the procedure commits inside
-TICK_ELSEWHERE_SQLSTATE = "RXT01"  # radix.begin_tick: the tick is not this backend's to run
+TICK_ELSEWHERE_SQLSTATE = "RXT01"  # radix.start_tick(s): the tick is not this backend's to run
+TICK_ROW = 2  # a tick's query (engine/ticks.py): BEGIN, its timeout, run_tick's row, COMMIT, the clean
 
 BEGIN_NON_ATOMIC = ("SELECT pg_catalog.set_config('statement_timeout', %s::pg_catalog.text, false), "
                     "radix.begin_attempt(%s::pg_catalog.uuid, %s::pg_catalog.uuid)")
@@ -54,14 +55,15 @@ BEGIN_ATOMIC = ("SELECT pg_catalog.set_config('statement_timeout', '{ms}'::pg_ca
 END_ATOMIC = "; SELECT radix.end_atomic('{job}'::pg_catalog.uuid, '{mac}'::pg_catalog.text, {next}::pg_catalog.int8)"
 
 
-def begin_tick_refused(exc: psycopg.Error) -> bool:
-    """Did radix.begin_tick itself refuse the tick (RXT01: run elsewhere, or changed since found), so that
-    nothing ran? The procedure may raise RXT01 too, but not from the query's top level: whatever it
-    raises has the DO block (``inline_code_block``) as its outermost context frame, which no RAISE option
-    sets, while begin_tick's own error has radix.begin_tick there. (Function names are not translated.)"""
-    context = exc.diag.context or ""
-    return (exc.sqlstate == TICK_ELSEWHERE_SQLSTATE and "inline_code_block" not in context
-            and "radix.begin_tick(" in context)
+def refusal(row: tuple[Any, ...]) -> Outcome | None:
+    """A tick's row of radix.run_tick or radix.run_ticks (failed_at, error_sqlstate, error_message) as the
+    outcome of its failure, or None when it ran. The row is the function's result: a procedure can raise
+    any SQLSTATE, RXT01 included, but never make this row."""
+    failed_at, sqlstate, message = row[:3]
+    if failed_at is None:
+        return None
+    return Outcome(False, True, False, sqlstate=sqlstate, message=str(message or ""),
+                   elsewhere=failed_at == "begin" and sqlstate == TICK_ELSEWHERE_SQLSTATE)
 
 
 async def cleaned(cur: psycopg.AsyncCursor[Any]) -> bool:
@@ -174,7 +176,7 @@ class AttemptRunner:
         self._watch_cancel(cancel, watched)
         try:
             if tick_query is not None:
-                outcome = await self._one_query(conn, tick_query)
+                outcome = await self._tick(conn, tick_query)
             elif atomic:
                 outcome = await self._atomic(conn, job, claim, next_planned_ns, session_key)
                 if outcome.sqlstate == NON_ATOMIC_SQLSTATE:
@@ -289,6 +291,15 @@ class AttemptRunner:
         return await self._one_query(conn, atomic_query(job.call, claim, job.deadline_ms, next_planned_ns,
                                                         session_key))
 
+    async def _tick(self, conn: psycopg.AsyncConnection[Any], query: bytes) -> Outcome:
+        """A lone tick's query: its outcome is run_tick's row, when the query went through."""
+        outcome, cur = await self._query(conn, query)
+        if cur is not None:
+            row = await (await cur.set_result(TICK_ROW)).fetchone()
+            outcome = (refusal(row) if row is not None else None) or outcome
+            outcome.cleaned = await cleaned(cur)
+        return outcome
+
     async def _one_query(self, conn: psycopg.AsyncConnection[Any], query: bytes) -> Outcome:
         outcome, cur = await self._query(conn, query)
         if cur is not None:
@@ -306,9 +317,7 @@ class AttemptRunner:
             if aborted:
                 with contextlib.suppress(psycopg.Error):
                     await conn.execute(b"ROLLBACK", prepare=False)
-            outcome = self._failure(exc, atomic=True, in_doubt=not aborted)
-            outcome.elsewhere = begin_tick_refused(exc)
-            return outcome, None
+            return self._failure(exc, atomic=True, in_doubt=not aborted), None
         return Outcome(succeeded=True, atomic=True, finalised=True), cur
 
     async def _non_atomic(self, conn: psycopg.AsyncConnection[Any], job: JobDefinition, claim: Claim,

@@ -48,13 +48,13 @@ from typing import Any
 import psycopg
 
 from radixjobs.db import first_line
-from radixjobs.engine.attempt import TICK_ELSEWHERE_SQLSTATE, AttemptRunner, Outcome, Pause, attempt_mac, cleaned
+from radixjobs.engine.attempt import AttemptRunner, Outcome, Pause, attempt_mac, cleaned, refusal
 from radixjobs.engine.definitions import DefinitionCache, JobDefinition, dollar_quoted
 from radixjobs.engine.inflight import InFlight
 from radixjobs.engine.outcomes import OutcomeRecorder
 from radixjobs.engine.principals import LoginFailed, PrincipalPools, clean_statement
 from radixjobs.engine.tick_runner import TickRunner
-from radixjobs.engine.ticks import PUBLISH_AFTER_S, Durations, Tick, TickQueue, node_hex, tick_claim
+from radixjobs.engine.ticks import PUBLISH_AFTER_S, TIMEOUT, Durations, Tick, TickQueue, node_hex, tick_claim
 
 log = logging.getLogger("radixjobs.engine")
 
@@ -67,10 +67,9 @@ ROLE_CHANGED_SQLSTATE = "RXT02"  # radix.run_ticks: the session's role changed, 
 NOT_BATCHED_SQLSTATE = "RXT03"  # radix.start_ticks: the tick's job is not WITH (batch = on), it was not started
 
 # Every value is a quoted literal of digits, hex or a UUID with an explicit cast (as engine/ticks.py); each
-# CALL (definitions.build_batch_call: no DO block) is a dollar-quoted constant. The batch is one statement,
-# bounded by the smallest of its ticks' timeouts: a tick starts after the statement did, so none runs past
+# CALL (definitions.build_tick_call) is a dollar-quoted constant. The batch is one statement, bounded by the
+# smallest of its ticks' timeouts (ticks.TIMEOUT): a tick starts after the statement did, so none runs past
 # its own.
-TIMEOUT = "SELECT pg_catalog.set_config('statement_timeout', '{ms}'::pg_catalog.text, true); "
 RUN_TICKS = ("SELECT r.failed_at, r.error_sqlstate, r.error_message FROM radix.run_ticks("
              "ARRAY[{jobs}]::pg_catalog.uuid[], ARRAY[{planned}]::pg_catalog.int8[], "
              "ARRAY[{attempts}]::pg_catalog.int4[], ARRAY[{macs}]::pg_catalog.text[], "
@@ -88,13 +87,10 @@ class Verdict(enum.Enum):
 def tick_verdict(row: tuple[Any, ...]) -> Verdict | Outcome:
     """A tick's row of radix.run_ticks (failed_at, error_sqlstate, error_message) as a verdict, or as the
     outcome of its failure."""
-    failed_at, sqlstate, message = row[:3]
-    if failed_at is None:
-        return Verdict.COMMITTED
+    failed_at, sqlstate = row[:2]
     if failed_at == "begin" and sqlstate in (ROLE_CHANGED_SQLSTATE, NOT_BATCHED_SQLSTATE):
         return Verdict.ALONE
-    return Outcome(False, True, False, sqlstate=sqlstate, message=str(message or ""),
-                   elsewhere=failed_at == "begin" and sqlstate == TICK_ELSEWHERE_SQLSTATE)
+    return refusal(row) or Verdict.COMMITTED
 
 
 @dataclass(frozen=True)
@@ -114,8 +110,8 @@ def batch_query(items: list[BatchItem], session_key: bytes, node_hex: str) -> by
     """The batch as one simple query; run_ticks' rows are its result ``RUN_TICKS_RESULT``."""
     calls = []
     for item in items:
-        assert item.job.batch_call is not None
-        calls.append(dollar_quoted(item.job.batch_call.decode(), "radix_call"))
+        assert item.job.tick_call is not None
+        calls.append(dollar_quoted(item.job.tick_call.decode(), "radix_call"))
     nexts = ("NULL" if item.next_planned_ns is None else f"'{int(item.next_planned_ns)}'" for item in items)
     run = RUN_TICKS.format(jobs=", ".join(f"'{item.tick.job_id}'" for item in items),
                            planned=", ".join(f"'{int(item.tick.planned_ns)}'" for item in items),
@@ -151,7 +147,7 @@ class BatchRunner:
         self.counters = recorder.counters
 
     def _batchable(self, job: JobDefinition | None) -> bool:
-        return (job is not None and job.batch and job.batch_call is not None and not job.non_atomic
+        return (job is not None and job.batch and job.tick_call is not None and not job.non_atomic
                 and self._durations.short(job.signature))
 
     def form(self, lead: Tick, now: float, leads_left: Counter[int]) -> list[BatchItem]:

@@ -6,7 +6,7 @@ Invariants:
   radix.begin_attempt refuses it), a renamed one runs. Every change of a job bumps its version (the state's
   too), so a tick found after ``ALTER JOB … SET (batch = off)`` is judged by the new definition.
 - The CALL names the admitted procedure with quoted identifiers and reads every value on the server, cast
-  to its admitted type (``build_call``, ``build_batch_call``): no value is ever part of the text.
+  to its admitted type (``build_call``, ``build_tick_call``): no value is ever part of the text.
 - The cache of definitions is bounded by count and by estimated bytes (``DefinitionCache``), however many
   jobs a node runs and however large their arguments.
 """
@@ -85,7 +85,7 @@ class JobDefinition:
     schedule: Schedule
     max_attempts: int = 5  # WITH (max_attempts = N): attempts per tick, retries included
     owner: str = ""  # the job's owner (ticks batch only with their owner's: engine/batches.py)
-    batch_call: bytes | None = None  # the CALL alone, as a tick batch runs it (build_batch_call)
+    tick_call: bytes | None = None  # the CALL alone, as a tick runs it, alone or in a batch (build_tick_call)
     batch: bool = False  # WITH (batch = on): its owner lets its ticks share a transaction (engine/batches.py)
 
     def next_planned_after(self, planned_ns: int, anchor_ns: int) -> int | None:
@@ -98,7 +98,7 @@ class JobDefinition:
     def size_bytes(self) -> int:
         """An estimate of the memory this definition holds: its texts plus a fixed overhead."""
         texts = (self.name, self.principal, self.signature)
-        return (DEFINITION_OVERHEAD_BYTES + len(self.call or b"") + len(self.batch_call or b"")
+        return (DEFINITION_OVERHEAD_BYTES + len(self.call or b"") + len(self.tick_call or b"")
                 + sum(len(t) for t in texts))
 
 
@@ -133,11 +133,11 @@ def _identifier(name: str) -> str:
 
 # Where a CALL's arguments come from: the stored arguments (radix.jobs.arguments, a JSON array) read on the
 # server, never a value in the query text (pg_stat_activity shows that text to every session of the role).
-# A DO block (a lone tick, a lease attempt) reads them from the setting its begin made (radix.begin_tick;
-# attempt.py for a lease, from radix.current_arguments), a batched tick's CALL from run_ticks' EXECUTE … USING
-# (radix.start_ticks).
+# A DO block (a lease attempt) reads them from the setting its begin made (attempt.py, from
+# radix.current_arguments), a tick's CALL, alone or in a batch, from run_tick's or run_ticks' EXECUTE … USING
+# (radix.start_tick, radix.start_ticks).
 ARGUMENTS = "pg_catalog.current_setting('radix.arguments')::pg_catalog.jsonb"
-BATCH_ARGUMENTS = "$1"
+TICK_ARGUMENTS = "$1"
 
 
 def _call_arguments(arguments: list[dict[str, Any]], source: str) -> list[tuple[str, str, str | None]]:
@@ -183,31 +183,31 @@ def build_call(procedure_schema: str, procedure_name: str, arguments: list[dict[
     return ("DO " + dollar_quoted(block, "radix_do")).encode()  # one SQL: no tuple to unpack
 
 
-def build_batch_call(procedure_schema: str, procedure_name: str, arguments: list[dict[str, Any]]) -> bytes:
-    """The same CALL as build_call's, without the DO block, its arguments read from ``$1``: what a tick
-    batch runs (radix.run_ticks, by EXECUTE … USING the tick's stored arguments, which keeps an OUT row on
-    the server too, in an atomic context as every batched tick is). A DO block is compiled afresh each time
-    it runs: about 20 µs a tick, measured in a loop of EXECUTEs (docs/hot-path.md)."""
+def build_tick_call(procedure_schema: str, procedure_name: str, arguments: list[dict[str, Any]]) -> bytes:
+    """The same CALL as build_call's, without the DO block, its arguments read from ``$1``: what a tick runs,
+    alone or in a batch (radix.run_tick, radix.run_ticks: EXECUTE … USING the tick's stored arguments, which
+    keeps an OUT row on the server too, in an atomic context as every tick is). A DO block is compiled
+    afresh each time it runs (docs/hot-path.md)."""
     parts = [f"{name} => {value}" if name else value
-             for _, value, name in _call_arguments(arguments, BATCH_ARGUMENTS)]
+             for _, value, name in _call_arguments(arguments, TICK_ARGUMENTS)]
     return (f"CALL {_identifier(procedure_schema)}.{_identifier(procedure_name)}({', '.join(parts)})").encode()
 
 
 def definition_from_row(row: dict[str, Any]) -> JobDefinition:
     call: bytes | None = None
-    batch_call: bytes | None = None
+    tick_call: bytes | None = None
     if row["procedure_name"] is not None:
         arguments = row["arguments"]
         if isinstance(arguments, str):
             arguments = json.loads(arguments)
         call = build_call(row["procedure_schema"], row["procedure_name"], arguments, ARGUMENTS)
-        batch_call = build_batch_call(row["procedure_schema"], row["procedure_name"], arguments)
+        tick_call = build_tick_call(row["procedure_schema"], row["procedure_name"], arguments)
     return JobDefinition(
         job_id=row["job_id"], definition_version=int(row["definition_version"]),
         name=f"{row['schema_name']}.{row['job_name']}", principal=row["principal_name"],
         signature=row["procedure_signature"], call=call,
         deadline_ms=int(row["deadline_ms"]), non_atomic=bool(row["non_atomic"]), schedule=schedule_of(row),
-        max_attempts=int(row["max_attempts"]), owner=str(row.get("owner_name") or ""), batch_call=batch_call,
+        max_attempts=int(row["max_attempts"]), owner=str(row.get("owner_name") or ""), tick_call=tick_call,
         batch=bool(row.get("batch_ticks")))
 
 
@@ -296,6 +296,6 @@ async def load_hook(pool: AsyncConnectionPool[Any], job: JobDefinition) -> JobDe
     async with pool.connection() as conn:
         row = await (await conn.execute(LOAD_HOOK, (job.job_id,))).fetchone()
     if row is None:
-        return dataclasses.replace(job, call=None, batch_call=None, non_atomic=False, batch=False)
+        return dataclasses.replace(job, call=None, tick_call=None, non_atomic=False, batch=False)
     return dataclasses.replace(job, signature=str(row[2]), call=build_call(row[0], row[1], HOOK_ARGUMENTS, ARGUMENTS),
-                               batch_call=None, non_atomic=False, batch=False)
+                               tick_call=None, non_atomic=False, batch=False)

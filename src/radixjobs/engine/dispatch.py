@@ -4,7 +4,7 @@ engine's dispatcher, composed by engine/runner.py), with the policy itself in ra
 Two looks, each one round trip on the scheduler's pool:
 - ``find_ticks`` (engine/ticks.py): a batch of due ticks, and whether the lease path has work; writes no
   tuple, so a tick found is not held: the queue of found ticks is only this node's plan, replaced at the
-  next find, and a tick's own transaction is its fence (radix.begin_tick). Its ticks start alone (the tick
+  next find, and a tick's own transaction is its fence (radix.start_tick). Its ticks start alone (the tick
   runner) or, from a backlog, in batches (the batch runner).
 - ``claim_due``: a conditional update decided by the database clock (radix.claim_due), for the lease path
   (non-atomic and cron jobs, requests, resumed claims); cron ticks are computed here (Python), coalesced to

@@ -1,7 +1,7 @@
 """Recording what became of an attempt (an engine's outcome recorder, composed by engine/runner.py).
 
 The lease path's outcome is written by radix.finish_attempt, fenced by the lease token (``finalise``). A
-one-transaction tick records its own success in its transaction (radix.end_tick); one that did not commit
+one-transaction tick records its own success in its transaction (radix.run_tick); one that did not commit
 is recorded here as a lease of that tick would be (engine/tick_runner.py), or as lost when that tick
 changed or ran elsewhere meanwhile (``record_lost_tick``). Every attempt's end is then noted once
 (``ended``): its job's next tick, its histogram and span, its log line.

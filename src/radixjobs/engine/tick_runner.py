@@ -10,9 +10,9 @@ PUBLISH_AFTER_S is published as a lease, renewed and fenced like one.
 Invariants:
 - The principal's connection is held until the tick's outcome is recorded (its query carried a MAC good
   on that backend while the tick is as found), and closed when it could not be (principals.PrincipalAttempt).
-- A tick refused by radix.begin_tick (RXT01: run elsewhere, or changed since found) ran nothing and records
-  nothing, unless this node had published it first (its query reached begin_tick after PUBLISH_AFTER_S):
-  that lease is then run on the lease path at once. The in-doubt COMMIT is read from the history
+- A tick refused by radix.start_tick (RXT01 in run_tick's row: run elsewhere, or changed since found) ran
+  nothing and records nothing, unless this node had published it first (its query reached the start after
+  PUBLISH_AFTER_S): that lease is then run on the lease path at once. The in-doubt COMMIT is read from the history
   (OutcomeRecorder.committed); a success is counted once.
 - A tick is in InFlight.ticks, and its connection counted in InFlight.tick_connections, until its attempt is
   over; a lease it was published or recorded as is in InFlight.leases only while its attempt runs.
@@ -88,7 +88,7 @@ class TickRunner:
         """Run the tick in one transaction as its principal; a tick that did not commit is recorded as a
         lease of that tick (radix.claim_tick) and finished on the lease path. None: the tick was not this
         node's to run (run elsewhere, or changed since it was found), and nothing is recorded."""
-        if job.call is None or job.non_atomic:  # the lease path's own business
+        if job.tick_call is None or job.non_atomic:  # the lease path's own business
             leased = await self._claim_tick(tick, publish=False)
             return None if leased is None else await self._lease_runner.run_leased(leased)
         try:
@@ -98,8 +98,8 @@ class TickRunner:
                 started = datetime.datetime.now(datetime.UTC)
                 timer = asyncio.get_running_loop().call_later(PUBLISH_AFTER_S, lambda: publishing.append(
                     asyncio.create_task(self._publish(conn, tick, published, started))))
-                query = tick_query(job.call, tick, job.deadline_ms, next_planned, self._principals.session_key(conn),
-                                   self._node_hex)
+                query = tick_query(job.tick_call, tick, job.deadline_ms, next_planned,
+                                   self._principals.session_key(conn), self._node_hex)
                 began = time.monotonic()
                 try:
                     outcome = await self._attempts.run(conn, job, claim, next_planned, self._cancel,
@@ -117,7 +117,7 @@ class TickRunner:
                 if not (outcome.elsewhere and published):
                     return await self.outcome(conn, job, tick, next_planned, outcome, published, started)
             # refused, yet published: this node's publication made the tick a lease before its query reached
-            # radix.begin_tick (a backend slower than PUBLISH_AFTER_S to start it). Nothing ran, and the lease
+            # radix.start_tick (a backend slower than PUBLISH_AFTER_S to start it). Nothing ran, and the lease
             # is this node's: the tick runs on the lease path now, not when the lease expires.
             return await self._lease_runner.run_leased(published[0])
         except LoginFailed as failed:  # could not log in as the principal
@@ -131,7 +131,7 @@ class TickRunner:
                       started: datetime.datetime) -> str | None:
         """Record what became of the tick run on ``conn`` (alone, or in a batch); None: it was not this
         node's to run, and nothing is recorded. ``published``: the lease it was published as, if any."""
-        if outcome.elsewhere:  # begin_tick refused it: nothing ran, nothing to record
+        if outcome.elsewhere:  # start_tick refused it: nothing ran, nothing to record
             self.counters["ticks_refused"] += 1
             log.debug("tick run elsewhere job=%s tick=%s node=%s: %s", job.name, tick.planned_ns, self.node_id,
                       outcome.message)

@@ -3,7 +3,7 @@ transaction on the principal's connection.
 
 Invariants:
 - The finder (radix.find_ticks, on the scheduler's own connection) writes no row: a tick found is not a
-  claim. It may be found by two nodes; the tick lock that radix.begin_tick takes lets one run it, and the
+  claim. It may be found by two nodes; the tick lock that radix.start_tick takes lets one run it, and the
   other's query ends at once with RXT01 (nothing happened, nothing is recorded).
 - A found tick is queued here until a slot is free, its principal is under its cap, its time has come
   (ticks due within ``HORIZON_MS`` are found ahead and started at their due time) and, for a long tick (its
@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from radixjobs.engine.attempt import Claim, attempt_mac
+from radixjobs.engine.definitions import dollar_quoted
 from radixjobs.engine.principals import clean_statement
 from radixjobs.fairness import Reserve, Served
 
@@ -60,11 +61,13 @@ CLAIM_TICK = ("SELECT * FROM radix.claim_tick(%s::pg_catalog.text, %s::pg_catalo
 RECORD_LOST_TICK = ("SELECT radix.record_lost_tick(%s::pg_catalog.text, %s::pg_catalog.uuid, %s::pg_catalog.int8, "
                     "%s::pg_catalog.int4, %s::pg_catalog.timestamptz, %s::pg_catalog.timestamptz, %s::pg_catalog.text)")
 
-# Every value is a quoted literal of digits, hex or a UUID with an explicit cast (as engine/attempt.py).
-BEGIN_TICK = ("SELECT pg_catalog.set_config('statement_timeout', '{ms}'::pg_catalog.text, true), "
-              "radix.begin_tick('{job}'::pg_catalog.uuid, '{planned}'::pg_catalog.int8, '{mac}'::pg_catalog.text); ")
-END_TICK = ("; SELECT radix.end_tick('{job}'::pg_catalog.uuid, '{mac}'::pg_catalog.text, {next}::pg_catalog.int8, "
-            "'{node}'::pg_catalog.text)")
+# Every value is a quoted literal of digits, hex or a UUID with an explicit cast (as engine/attempt.py), the
+# CALL a dollar-quoted constant. The timeout is set by a statement of its own: it bounds the statements after it.
+TIMEOUT = "SELECT pg_catalog.set_config('statement_timeout', '{ms}'::pg_catalog.text, true); "
+RUN_TICK = ("SELECT r.failed_at, r.error_sqlstate, r.error_message FROM radix.run_tick('{job}'::pg_catalog.uuid, "
+            "'{planned}'::pg_catalog.int8, '{attempt}'::pg_catalog.int4, '{mac}'::pg_catalog.text, "
+            "{call}::pg_catalog.text, {next}::pg_catalog.int8, '{node}'::pg_catalog.text) r; ")
+RUN_TICK_RESULT = 2  # the results: BEGIN, the timeout, run_tick's row, COMMIT, the clean
 
 
 @dataclass(frozen=True)
@@ -98,13 +101,15 @@ def tick_claim(tick: Tick) -> Claim:
 
 def tick_query(call: bytes, tick: Tick, deadline_ms: int, next_planned_ns: int | None, session_key: bytes,
                node_hex: str) -> bytes:
-    """The tick as one simple query: BEGIN, begin_tick, the CALL (a DO block), end_tick, COMMIT, and then
-    the connection's clean, which runs only if the tick committed."""
-    mac = attempt_mac(session_key, tick.token)
+    """The tick as one simple query: BEGIN, its timeout, radix.run_tick (its start, the CALL ``call``:
+    definitions.build_tick_call, and its end, in one statement), COMMIT, and then the connection's clean, which
+    runs only if the tick committed. run_tick's row is the result ``RUN_TICK_RESULT``."""
     following = "NULL" if next_planned_ns is None else f"'{int(next_planned_ns)}'"
-    begin = BEGIN_TICK.format(ms=int(deadline_ms), job=tick.job_id, planned=int(tick.planned_ns), mac=mac)
-    end = END_TICK.format(job=tick.job_id, mac=mac, next=following, node=node_hex)
-    return b"".join((b"BEGIN; ", begin.encode(), call, end.encode(), b"; COMMIT; ", clean_statement()))
+    run = RUN_TICK.format(job=tick.job_id, planned=int(tick.planned_ns), attempt=int(tick.attempt),
+                          mac=attempt_mac(session_key, tick.token), call=dollar_quoted(call.decode(), "radix_call"),
+                          next=following, node=node_hex)
+    return b"".join((b"BEGIN; ", TIMEOUT.format(ms=int(deadline_ms)).encode(), run.encode(), b"COMMIT; ",
+                     clean_statement()))
 
 
 class TickQueue:

@@ -1,90 +1,16 @@
 -- A batch of ticks: started, run and ended in one transaction of the principal's.
 
--- start_tick: begin_tick's lock, checks, frame and arguments (the tick's stored arguments in the setting
--- `radix.arguments`, until the transaction ends), with its refusals (RXT01: not this session's tick; 42501,
--- 42883: refused) returned as `error_sqlstate` and `error_message` instead of raised; nothing is written or
--- set then. Errors other than those still raise.
-CREATE OR REPLACE FUNCTION radix.start_tick(job uuid, planned_ns bigint, mac text, OUT error_sqlstate text,
-                                 OUT error_message text)
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
--- key lookups whatever the values: a custom plan per call would re-plan every statement of every tick
-SET plan_cache_mode = force_generic_plan
-SET jit = off
-AS $$
-DECLARE
-    started timestamptz := (SELECT a.backend_start FROM pg_stat_get_activity(pg_backend_pid()) a);
-    c record;
-BEGIN
-    PERFORM FROM radix.tick_locks t WHERE t.job_id = job FOR UPDATE SKIP LOCKED;
-    IF NOT FOUND THEN
-        error_sqlstate := 'RXT01';
-        error_message := 'the tick is not this session''s to run: another session runs it';
-        RETURN;
-    END IF;
-    SELECT s.attempt, j.procedure_signature, x.token, j.arguments,
-           r.refused
-    INTO c
-    FROM radix.radix_system_job_state s
-    JOIN radix.jobs j ON j.job_id = s.job_id
-    LEFT JOIN pg_proc p ON p.oid = j.procedure_oid AND p.prokind = 'p'
-                       AND p.oid::regprocedure::text = j.procedure_signature
-    CROSS JOIN LATERAL radix._refusal(j.principal_oid, j.owner_oid, p.oid, p.pronamespace) r
-    CROSS JOIN radix.attempt_secret k
-    CROSS JOIN LATERAL (SELECT radix._token_of(k.secret, job, start_tick.planned_ns, s.attempt, s.updated_at)
-                               AS token) x
-    WHERE s.job_id = job AND s.status IN ('scheduled', 'retry_wait') AND s.request_kind IS NULL
-      AND NOT s.via_lease AND s.due_ns <= radix.to_ns(clock_timestamp())
-      AND NOT (s.status = 'scheduled' AND radix._tick_missed(job, start_tick.planned_ns, j.jitter_ns,
-                                                              j.start_deadline_ns, radix.to_ns(clock_timestamp())))
-      AND radix._mac_of(radix._session_key_of(k.secret, pg_backend_pid(), started), x.token) = mac
-    -- as begin_atomic: radix.claim_due (FOR UPDATE ... SKIP LOCKED) passes the row by while the tick runs,
-    -- and ALTER JOB (a plain UPDATE) does not wait for it
-    FOR KEY SHARE OF s;
-    IF NOT FOUND THEN
-        error_sqlstate := 'RXT01';
-        error_message := 'the tick is not this session''s to run: it ran, changed since it was found, or missed '
-                         'its start deadline';
-    ELSIF c.refused = 1 THEN
-        error_sqlstate := '42501';
-        error_message := 'permission denied: the attempt is not logged in as its principal';
-    ELSIF c.refused = 2 THEN
-        error_sqlstate := '42501';
-        error_message := 'permission denied: the job owner may no longer act as its principal';
-    ELSIF c.refused = 3 THEN
-        error_sqlstate := '42883';
-        error_message := format('procedure %s no longer exists', c.procedure_signature);
-    ELSIF c.refused = 4 THEN
-        error_sqlstate := '42501';
-        error_message := format('permission denied for procedure %s', c.procedure_signature);
-    END IF;
-    IF error_sqlstate IS NOT NULL THEN
-        RETURN;
-    END IF;
-    INSERT INTO radix.attempt_frames AS f
-        (pid, backend_start, job_id, attempt, planned_ns, idempotency_key, lease_token)
-    VALUES (pg_backend_pid(), started, job, c.attempt + 1, start_tick.planned_ns,
-            job::text || '/' || start_tick.planned_ns::text, c.token)
-    ON CONFLICT (pid) DO UPDATE SET backend_start = excluded.backend_start, job_id = excluded.job_id,
-        attempt = excluded.attempt, planned_ns = excluded.planned_ns,
-        idempotency_key = excluded.idempotency_key, lease_token = excluded.lease_token;
-    -- (never left unset: a default of the principal's own, ALTER ROLE ... SET radix.arguments, is not read)
-    PERFORM set_config('radix.arguments', c.arguments::text, true);
-END $$;
-
 -- end_ticks: the end of a batch's ticks: `jobs`, with their ticks (`planned`), attempts (`attempts`: the
 -- state's attempt + 1, as radix.find_ticks gave them), MACs (as start_tick took them), following ticks
 -- (`nexts`, NULL: none) and whether each ran (`ran`: its CALL done in this transaction); `node` hex-encoded.
 -- Markers are written for the ticks that ran; RXL01 when one of them is no longer as begun (nothing is
--- written then). The frame the last started tick left (start_tick writes it in the batch's transaction,
--- so a tick whose CALL failed leaves it too) is deleted when its MAC is one of the batch's, as end_tick
--- checks a frame's.
+-- written then).
 CREATE OR REPLACE FUNCTION radix.end_ticks(jobs uuid[], planned bigint[], attempts integer[], macs text[], nexts bigint[],
                                 ran boolean[], node text)
 RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
--- key lookups whatever the values, as begin_tick and end_tick
+-- key lookups whatever the values, as start_tick and end_tick
 SET plan_cache_mode = force_generic_plan
 SET jit = off
 AS $$
@@ -92,10 +18,6 @@ DECLARE
     ran_jobs uuid[] := ARRAY(SELECT u.job FROM unnest(jobs, ran) AS u(job, did) WHERE u.did);
     written integer;
 BEGIN
-    DELETE FROM radix.attempt_frames f
-    USING unnest(jobs, macs) AS u(job, mac), radix.attempt_secret k
-    WHERE f.pid = pg_backend_pid() AND f.job_id = u.job
-      AND radix._mac_of(radix._session_key_of(k.secret, f.pid, f.backend_start), f.lease_token) = u.mac;
     IF cardinality(ran_jobs) = 0 THEN
         RETURN;
     END IF;
@@ -173,7 +95,7 @@ DECLARE
 BEGIN
     locked := ARRAY(SELECT t.job_id FROM radix.tick_locks t WHERE t.job_id = ANY (jobs) FOR UPDATE SKIP LOCKED);
     this_xact := pg_current_xact_id()::text;
-    -- in a later statement than the locks, so that its snapshot is newer (as begin_tick)
+    -- in a later statement than the locks, so that its snapshot is newer (as start_tick)
     WITH checked AS MATERIALIZED (
         -- the identity, the owner's right and the procedure's privileges, once per principal, owner and
         -- procedure of the batch (start_tick's checks, the same order)
@@ -193,7 +115,7 @@ BEGIN
     INTO found_at, refusals, signatures, batchable, frames, values_of
     FROM (
         SELECT u.i::integer AS i, c.refused, j.procedure_signature AS signature, j.batch_ticks, j.arguments,
-               f.text || '/' || radix._tick_frame_mac(this_xact || '/' || f.text) AS frame
+               f.text || '/' || radix._tick_frame_mac_of(x.secret, this_xact || '/' || f.text) AS frame
         FROM unnest(jobs, planned, macs) WITH ORDINALITY AS u(job, planned_ns, mac, i)
         JOIN radix.radix_system_job_state s ON s.job_id = u.job
         JOIN radix.jobs j ON j.job_id = s.job_id

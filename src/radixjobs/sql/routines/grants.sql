@@ -106,13 +106,13 @@ GRANT EXECUTE ON FUNCTION
 
 -- tick.sql
 GRANT EXECUTE ON FUNCTION
-    radix.end_tick(uuid,text,bigint,text),
-    radix.begin_tick(uuid,bigint,text)
+    radix.run_tick(uuid,bigint,integer,text,text,bigint,text),
+    radix.start_tick(uuid,bigint,text),
+    radix.end_tick(uuid,bigint,integer,text,bigint,text)
     TO PUBLIC;
 
 -- batch.sql
 GRANT EXECUTE ON FUNCTION
-    radix.start_tick(uuid,bigint,text),
     radix.end_ticks(uuid[],bigint[],integer[],text[],bigint[],boolean[],text),
     radix.start_ticks(uuid[],bigint[],text[]),
     radix.run_ticks(uuid[],bigint[],integer[],text[],text[],bigint[],text)

@@ -1,10 +1,46 @@
--- A lone tick: claimed, begun and ended in the principal's own transaction.
+-- A lone tick: started, run and ended in one statement of the principal's own transaction.
 
--- End the tick begun on this backend: the frame closed (its MAC checked), the state advanced and one
--- history row written, in the tick's own transaction. A tick published as a lease meanwhile
--- (radix.claim_tick) ends as end_atomic ends an attempt: radix._advance, fenced by its token.
--- `node` is the daemon's node id, hex-encoded (the query text carries no quotes but its own).
-CREATE OR REPLACE FUNCTION radix.end_tick(job uuid, mac text, next_planned_ns bigint, node text) RETURNS void
+-- run_tick: the lone tick. `call` is its CALL (engine/definitions.py, build_tick_call), run by EXECUTE … USING
+-- the tick's stored arguments, never in the query text; `attempt` is the state's attempt + 1 and `mac` the
+-- MAC of the tick's token, as radix.find_ticks gave them; `node` hex-encoded. The tick is started by
+-- radix.start_tick (its refusal returned as the row, nothing written and nothing run), its procedure run with
+-- its frame in the setting `radix.tick` (radix._frame), and ended by radix.end_tick. An error of the procedure
+-- or of the end aborts the transaction, the tick's and its marker's together. Invoker's rights and no SET
+-- clause, as radix.run_ticks: the procedure runs as the principal, in the principal's settings; every name and
+-- operator here is qualified.
+CREATE OR REPLACE FUNCTION radix.run_tick(job uuid, planned bigint, attempt integer, mac text, call text,
+                                          next_ns bigint, node text)
+RETURNS TABLE (failed_at text, error_sqlstate text, error_message text)
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    started record;
+BEGIN
+    started := radix.start_tick(job, planned, mac);
+    IF started.error_sqlstate IS NOT NULL THEN
+        failed_at := 'begin';
+        error_sqlstate := started.error_sqlstate;
+        error_message := started.error_message;
+    ELSIF CURRENT_USER OPERATOR(pg_catalog.<>) SESSION_USER THEN
+        failed_at := 'begin';
+        error_sqlstate := 'RXT02';
+        error_message := 'the tick is not run here: the session''s role changed';
+    ELSE
+        PERFORM pg_catalog.set_config('radix.tick', started.frame, true);
+        EXECUTE call USING started.arguments;
+        PERFORM pg_catalog.set_config('radix.tick', '', true);
+        PERFORM radix.end_tick(job, planned, attempt, mac, next_ns, node);
+    END IF;
+    RETURN NEXT;
+END $$;
+
+-- start_tick: the lone tick's start: the tick lock (FOR UPDATE SKIP LOCKED), the state as found (its token's
+-- MAC), the start deadline, the identity and privileges; returns the tick's frame (the value of `radix.tick`
+-- for this transaction: job/attempt/tick and its MAC, as radix.start_ticks makes a batched tick's) and its
+-- stored arguments, or its refusal (RXT01: not this session's tick; 42501, 42883: refused) as
+-- `error_sqlstate` and `error_message`; nothing is written then. Errors other than those raise.
+CREATE OR REPLACE FUNCTION radix.start_tick(job uuid, planned_ns bigint, mac text, OUT error_sqlstate text,
+                                            OUT error_message text, OUT frame text, OUT arguments jsonb)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 -- key lookups whatever the values: a custom plan per call would re-plan every statement of every tick
@@ -12,28 +48,84 @@ SET plan_cache_mode = force_generic_plan
 SET jit = off
 AS $$
 DECLARE
-    f record;
+    c record;
 BEGIN
-    DELETE FROM radix.attempt_frames d WHERE d.pid = pg_backend_pid() AND d.job_id = job
-    RETURNING d.planned_ns, d.attempt, d.lease_token, d.idempotency_key,
-              (SELECT radix._mac_of(radix._session_key_of(k.secret, d.pid, d.backend_start), d.lease_token)
-               FROM radix.attempt_secret k) AS mac
-    INTO f;
-    IF NOT FOUND OR f.mac IS DISTINCT FROM mac THEN
-        RAISE EXCEPTION 'the frame of this attempt is gone' USING ERRCODE = 'RXL01';
+    PERFORM FROM radix.tick_locks t WHERE t.job_id = job FOR UPDATE SKIP LOCKED;
+    IF NOT FOUND THEN
+        error_sqlstate := 'RXT01';
+        error_message := 'the tick is not this session''s to run: another session runs it';
+        RETURN;
     END IF;
-    -- not published: the state is as begin_tick found it (its token still derives from it)
+    -- in a later statement than the lock, so that its snapshot is newer
+    SELECT s.attempt, j.procedure_signature, j.arguments, r.refused,
+           f.text || '/' || radix._tick_frame_mac_of(k.secret, pg_current_xact_id()::text || '/' || f.text) AS frame
+    INTO c
+    FROM radix.radix_system_job_state s
+    JOIN radix.jobs j ON j.job_id = s.job_id
+    LEFT JOIN pg_proc p ON p.oid = j.procedure_oid AND p.prokind = 'p'
+                       AND p.oid::regprocedure::text = j.procedure_signature
+    CROSS JOIN LATERAL radix._refusal(j.principal_oid, j.owner_oid, p.oid, p.pronamespace) r
+    CROSS JOIN radix.attempt_secret k
+    CROSS JOIN LATERAL (SELECT job::text || '/' || (s.attempt + 1)::text || '/' || start_tick.planned_ns::text AS text) f
+    WHERE s.job_id = job AND s.status IN ('scheduled', 'retry_wait') AND s.request_kind IS NULL
+      AND NOT s.via_lease AND s.due_ns <= radix.to_ns(clock_timestamp())
+      AND NOT (s.status = 'scheduled' AND radix._tick_missed(job, start_tick.planned_ns, j.jitter_ns,
+                                                              j.start_deadline_ns, radix.to_ns(clock_timestamp())))
+      AND radix._mac_of(radix._session_key_of(k.secret, pg_backend_pid(),
+                                              (SELECT a.backend_start FROM pg_stat_get_activity(pg_backend_pid()) a)),
+                        radix._token_of(k.secret, job, start_tick.planned_ns, s.attempt, s.updated_at)) = mac
+    -- as start_ticks: radix.claim_due (FOR UPDATE ... SKIP LOCKED) passes the row by while the tick runs,
+    -- and ALTER JOB (a plain UPDATE) does not wait for it
+    FOR KEY SHARE OF s;
+    IF NOT FOUND THEN
+        error_sqlstate := 'RXT01';
+        error_message := 'the tick is not this session''s to run: it ran, changed since it was found, or missed '
+                         'its start deadline';
+    ELSIF c.refused = 1 THEN
+        error_sqlstate := '42501';
+        error_message := 'permission denied: the attempt is not logged in as its principal';
+    ELSIF c.refused = 2 THEN
+        error_sqlstate := '42501';
+        error_message := 'permission denied: the job owner may no longer act as its principal';
+    ELSIF c.refused = 3 THEN
+        error_sqlstate := '42883';
+        error_message := format('procedure %s no longer exists', c.procedure_signature);
+    ELSIF c.refused = 4 THEN
+        error_sqlstate := '42501';
+        error_message := format('permission denied for procedure %s', c.procedure_signature);
+    ELSE
+        frame := c.frame;
+        arguments := c.arguments;
+    END IF;
+END $$;
+
+-- end_tick: the lone tick's end, in its own transaction: the state advanced and one history row written,
+-- fenced by the MAC of the tick's token checked against the state itself (as radix.end_ticks checks a
+-- batch's). A tick published as a lease meanwhile (radix.claim_tick) ends as end_atomic ends an attempt:
+-- radix._advance, fenced by its token. RXL01 when the tick is neither (nothing is written).
+CREATE OR REPLACE FUNCTION radix.end_tick(job uuid, planned bigint, attempt integer, mac text, next_ns bigint,
+                                          node text) RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan
+SET jit = off
+AS $$
+DECLARE
+    key bytea := (SELECT radix._session_key_of(k.secret, pg_backend_pid(), a.backend_start)
+                  FROM radix.attempt_secret k, pg_stat_get_activity(pg_backend_pid()) a);
+    token uuid;
+BEGIN
     UPDATE radix.radix_system_job_state s SET
         (status, planned_ns, due_ns, attempt, idempotency_key) =
-            (SELECT * FROM radix._advanced(j.schedule_kind, next_planned_ns, true, f.planned_ns, f.attempt,
-                                           f.idempotency_key, job, j.jitter_ns)),
+            (SELECT * FROM radix._advanced(j.schedule_kind, next_ns, true, end_tick.planned, end_tick.attempt,
+                                           job::text || '/' || end_tick.planned::text, job, j.jitter_ns)),
         coalesced_ticks = s.coalesced_ticks
-                          + radix._ticks_coalesced(j.schedule_kind, s.planned_ns, f.planned_ns, j.interval_ns),
+                          + radix._ticks_coalesced(j.schedule_kind, s.planned_ns, end_tick.planned, j.interval_ns),
         last_error = NULL, updated_at = clock_timestamp()
     FROM radix.jobs j, radix.attempt_secret k
     WHERE s.job_id = job AND j.job_id = job AND s.status IN ('scheduled', 'retry_wait')
-      AND s.request_kind IS NULL AND s.attempt = f.attempt - 1
-      AND radix._token_of(k.secret, job, f.planned_ns, s.attempt, s.updated_at) = f.lease_token;
+      AND s.request_kind IS NULL AND NOT s.via_lease AND s.attempt = end_tick.attempt - 1
+      AND radix._mac_of(key, radix._token_of(k.secret, job, end_tick.planned, s.attempt, s.updated_at)) = mac;
     IF FOUND THEN
         -- a history row left 'running' by a lease fenced before (ALTER JOB) belongs to no attempt now (the
         -- same close as claim_due's and claim_tick's, inline: this is the hot path)
@@ -43,8 +135,8 @@ BEGIN
         INSERT INTO radix.radix_system_job_history AS h
             (job_id, definition_version, planned_ns, attempt, idempotency_key, status, node, run_kind, atomic,
              started_at, finished_at)
-        SELECT job, s.definition_version, f.planned_ns, f.attempt, f.idempotency_key, 'succeeded',
-               convert_from(decode(node, 'hex'), 'UTF8'),
+        SELECT job, s.definition_version, end_tick.planned, end_tick.attempt,
+               job::text || '/' || end_tick.planned::text, 'succeeded', convert_from(decode(node, 'hex'), 'UTF8'),
                'schedule', true, now(), clock_timestamp()
         FROM radix.radix_system_job_state s WHERE s.job_id = job;
         IF EXISTS (SELECT 1 FROM radix.job_requests q WHERE q.job_id = job) THEN
@@ -54,12 +146,16 @@ BEGIN
         RETURN;
     END IF;
     -- published (radix.claim_tick): a lease with the tick's token
-    IF NOT radix._advance(job, f.lease_token, next_planned_ns, true, NULL) THEN
+    SELECT s.lease_token INTO token FROM radix.radix_system_job_state s
+    WHERE s.job_id = job AND s.status = 'running' AND s.planned_ns = end_tick.planned
+      AND s.attempt = end_tick.attempt AND radix._mac_of(key, s.lease_token) = mac;
+    IF NOT FOUND OR NOT radix._advance(job, token, next_ns, true, NULL) THEN
         RAISE EXCEPTION 'the claim of this attempt is no longer held' USING ERRCODE = 'RXL01';
     END IF;
-    UPDATE radix.radix_system_job_history
+    UPDATE radix.radix_system_job_history h
     SET status = 'succeeded', atomic = true, started_at = now(), finished_at = clock_timestamp()
-    WHERE job_id = job AND planned_ns = f.planned_ns AND attempt = f.attempt AND status = 'running';
+    WHERE h.job_id = job AND h.planned_ns = end_tick.planned AND h.attempt = end_tick.attempt
+      AND h.status = 'running';
 END $$;
 
 -- claim_tick: make the tick the finder handed out (its token `token`) a lease of `node`, as radix.claim_due
@@ -126,22 +222,4 @@ BEGIN
            0::bigint, c.anchor_ns
     FROM claimed c;
     PERFORM radix._prune_history(job);
-END $$;
-
--- begin_tick: the lone tick's start, in the principal's own transaction: the tick lock (FOR UPDATE SKIP
--- LOCKED), the token's MAC, the identity and privileges, the frame, and the tick's stored arguments in the
--- setting `radix.arguments` for its DO block (until the transaction ends): radix.start_tick, its refusal
--- raised. (An assignment, not SELECT … FROM: no function scan and tuplestore for its one row.)
-CREATE OR REPLACE FUNCTION radix.begin_tick(job uuid, planned_ns bigint, mac text) RETURNS void
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-SET jit = off
-AS $$
-DECLARE
-    r record;
-BEGIN
-    r := radix.start_tick(job, planned_ns, mac);
-    IF r.error_sqlstate IS NOT NULL THEN
-        RAISE EXCEPTION USING ERRCODE = r.error_sqlstate, MESSAGE = r.error_message;
-    END IF;
 END $$;

@@ -1,8 +1,8 @@
 -- Tokens and MACs: the secrets that fence an attempt to the session and the tick it was started for.
 
--- Each rule below is written once. The first three are plain SQL expressions without a SET clause, so the
--- planner inlines them into the statement that calls them: the hot path's statements (begin_tick, end_tick,
--- start_ticks, end_ticks, the finder) call them at no cost, with the secret read once by a join. Their
+-- Each rule below is written once. The first three and _tick_frame_mac_of are plain SQL expressions without a
+-- SET clause, so the planner inlines them into the statement that calls them: the hot path's statements
+-- (start_tick, end_tick, start_ticks, end_ticks, the finder) call them at no cost, with the secret read once by a join. Their
 -- names are resolved when they are created (SQL-standard bodies), whatever the caller's search_path.
 
 -- The tick token L: the first 16 bytes of sha256(secret || job_id || planned_ns || attempt || updated_at), as
@@ -55,15 +55,19 @@ BEGIN
     RETURN radix._mac_of(radix._session_key(), token);
 END $$;
 
+-- The MAC of a tick's frame (the value of `radix.tick`: radix.start_tick, radix.start_ticks), bound to its
+-- transaction by the frame's text: hex(sha256(secret || sha256(secret || 'radix.tick/' || frame))).
+CREATE OR REPLACE FUNCTION radix._tick_frame_mac_of(secret bytea, frame text) RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN encode(sha256(secret || sha256(secret || convert_to('radix.tick/' || frame, 'UTF8'))), 'hex');
+
 CREATE OR REPLACE FUNCTION radix._tick_frame_mac(frame text) RETURNS text
 LANGUAGE plpgsql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET jit = off
 AS $$
 BEGIN
-    RETURN (SELECT encode(sha256(k.secret || sha256(k.secret || convert_to('radix.tick/' || _tick_frame_mac.frame,
-                                                                           'UTF8'))), 'hex')
-            FROM radix.attempt_secret k);
+    RETURN (SELECT radix._tick_frame_mac_of(k.secret, _tick_frame_mac.frame) FROM radix.attempt_secret k);
 END $$;
 
 CREATE OR REPLACE FUNCTION radix.attempt_session() RETURNS text
