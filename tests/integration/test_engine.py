@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import uuid
 from typing import Any
@@ -9,7 +10,9 @@ from typing import Any
 import psycopg
 import pytest
 
-from radixjobs import catalog
+from radixjobs import catalog, schedule
+from radixjobs.db import aconnect
+from radixjobs.engine.planning import CronPlanner
 from tests.apps import App
 from tests.support import wait_for
 
@@ -333,6 +336,59 @@ def test_cron_job_coalesces_to_the_latest_due_tick(app: App) -> None:
     assert ran_at.second == 0
     state = app.state(name)
     assert state["planned_ns"] - 300 * 10**9 == app.history(name)[0]["planned_ns"]
+
+
+def test_a_due_cron_backlog_is_planned_once(app: App, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The planning pass before each claim plans a due backlog of cron jobs once: after the first pass, the
+    jobs whose later ticks are not due are neither locked nor written (their rows' xmin, xmax, updated_at)
+    nor evaluated again; a job whose later tick comes due is planned again, coalesced, as before."""
+    names = [app.job(f"CREATE JOB app.yearly{i} SCHEDULE CRON '0 0 1 1 *' RUN AS {{p}} CALL app.record('y')")
+             for i in range(3)]
+    names.append(app.job("CREATE JOB app.kept SCHEDULE CRON '0 0 1 1 *' RUN AS {p} CALL app.record('k') "
+                         "WITH (coalesce = off)"))
+    yearly = [app.state(name)["job_id"] for name in names]
+    fast = app.state(app.job("CREATE JOB app.fast SCHEDULE CRON '* * * * * *' RUN AS {p} CALL app.record('f')"))
+    # enabled 1,098 days ago (three Januaries at least), the fast one 10 s ago, never served since: all due
+    app.conn.execute("UPDATE radix.radix_system_job_state SET due_ns = radix.to_ns(clock_timestamp()), "
+                     "anchor_ns = radix.to_ns(clock_timestamp()) - CASE WHEN job_id = %s::uuid THEN %s::bigint "
+                     "ELSE %s::bigint END", (fast["job_id"], 10 * 10**9, 1098 * 86400 * 10**9))
+    evaluated: list[str] = []
+    next_cron_tick = schedule.next_cron_tick
+
+    def counted(expression: str, time_zone: str, after_ns: int) -> int:
+        evaluated.append(expression)
+        return next_cron_tick(expression, time_zone, after_ns)
+
+    monkeypatch.setattr(schedule, "next_cron_tick", counted)
+
+    def rows() -> dict[Any, tuple[Any, ...]]:  # job -> (xmin, xmax, updated_at, planned_ns, coalesced_ticks)
+        return {r[0]: r[1:] for r in app.conn.execute(
+            "SELECT job_id, xmin::text, xmax::text, updated_at, planned_ns, coalesced_ticks "
+            "FROM radix.radix_system_job_state")}
+
+    async def passes() -> list[dict[Any, tuple[Any, ...]]]:
+        planner = CronPlanner()
+        seen = []
+        async with await aconnect(app.dsn) as conn:
+            for pause in (0, 0, 0, 2.1):
+                await asyncio.sleep(pause)
+                evaluated.clear()
+                await planner.plan_cron(conn)
+                seen.append(rows())
+                if len(seen) > 1:
+                    assert "0 0 1 1 *" not in evaluated  # remembered: no later tick due
+        return seen
+
+    first, *later, after_pause = asyncio.run(passes())
+    assert first[yearly[0]][4] >= 2  # coalesced to the latest January
+    assert first[yearly[-1]][4] == 0  # coalesce off: the oldest January runs first
+    assert first[yearly[-1]][3] < first[yearly[0]][3]
+    for seen in (*later, after_pause):
+        assert [seen[job_id] for job_id in yearly] == [first[job_id] for job_id in yearly]
+    job_id = fast["job_id"]
+    assert after_pause[job_id][3] >= first[job_id][3] + 2 * 10**9  # two later ticks came due: the latest
+    assert after_pause[job_id][4] >= first[job_id][4] + 1
+    assert after_pause[job_id][2] > first[job_id][2]
 
 
 def test_a_claim_whose_non_atomic_attempt_began_is_not_handed_back(app: App) -> None:

@@ -11,6 +11,7 @@ from croniter import croniter
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from radixjobs.engine.planning import latest_due_tick, plan_stands
 from radixjobs.errors import ScheduleError
 from radixjobs.model import AtSchedule, CronSchedule, EverySchedule
 from radixjobs.schedule import (
@@ -480,6 +481,40 @@ def test_coalesce_properties(anchor: int, interval: int, k: int, late: int) -> N
     assert tick >= planned
     assert skipped == (tick - planned) // interval
     assert coalesce(anchor, interval, planned, planned - 1 - late) == (planned, 0)
+
+
+# A cron job's spacing of ticks, roughly: horizons are drawn in these units.
+CRON_UNITS = {("*/7 * * * * *", "UTC"): 7 * S, ("*/15 * * * *", "UTC"): 15 * MINUTE,
+              ("30 2 * * *", "Europe/Berlin"): DAY, ("0 0 1 1 *", "UTC"): 366 * DAY}
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.sampled_from(sorted(CRON_UNITS)), st.integers(0, 10**6), st.sampled_from([1, 2, 5]),
+       st.integers(-3, 12), st.integers(0, 12), st.integers(0, 12))
+def test_a_remembered_plan_stands_exactly_when_coalescing_again_keeps_it(
+        cron: tuple[str, str], start: int, keep: int, first: int, second: int, third: int) -> None:
+    """planning.plan_stands, from nothing known or from what it or the coalescing walk learnt at an earlier
+    horizon, says a plan stands exactly when coalescing from it again (latest_due_tick) keeps it."""
+    expression, zone = cron
+    unit = CRON_UNITS[cron]
+    planned = next_cron_tick(expression, zone, utc(2026, 3, 1) + start * S)
+
+    def kept(tick: int, horizon: int) -> bool:
+        return latest_due_tick(expression, zone, tick, horizon, keep)[0] == tick
+
+    ahead = None
+    horizon = planned + first * unit
+    for step in (0, second, third):  # horizons that only move on, as the database clock does
+        horizon += step * unit
+        stands, ahead = plan_stands(expression, zone, planned, horizon, keep, ahead)
+        assert stands == kept(planned, horizon)
+    tick, _, walked = latest_due_tick(expression, zone, planned, planned + first * unit, keep)
+    assert walked is not None
+    assert walked[0] <= keep
+    assert walked[1] > planned + first * unit
+    later = planned + (first + second) * unit
+    assert plan_stands(expression, zone, tick, later, keep, walked)[0] == kept(tick, later)
+    assert plan_stands(expression, zone, tick, later, keep, None)[0] == kept(tick, later)
 
 
 # ------------------------------------------------------------------------------------- planning per kind

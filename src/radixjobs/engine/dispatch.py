@@ -51,7 +51,7 @@ from radixjobs.engine.definitions import (
 )
 from radixjobs.engine.inflight import InFlight
 from radixjobs.engine.lease_runner import LeaseRunner
-from radixjobs.engine.planning import CRON_DUE, plan_cron
+from radixjobs.engine.planning import CRON_DUE, CronPlanner
 from radixjobs.engine.principals import PrincipalPools
 from radixjobs.engine.tick_runner import TickRunner
 from radixjobs.engine.ticks import FIND_AHEAD_S, FIND_BATCH, FIND_TICKS, HORIZON_MS, Tick, TickQueue, wake_in
@@ -110,6 +110,7 @@ class Dispatcher:
         self._due: tuple[float, float] | None = None  # (seconds until due, monotonic time measured)
         self._lease_due = True  # the lease path may have work (radix.lease_work_due): claim_due's turn
         self._cron_due = True  # cron ticks may await planning: the next claim plans them first
+        self._cron = CronPlanner()  # remembers the plans that stand, so a due backlog is planned once
         self._find_now = False  # a notification came: find ticks even if some are queued
 
     # -- the verbs -------------------------------------------------------------------------------------
@@ -164,7 +165,7 @@ class Dispatcher:
         async with self._pool.connection() as conn:
             with_cron = self._cron_due  # as of the last claim: planned first, so they compete in this one
             if with_cron:
-                self.counters["coalesced_ticks"] += await plan_cron(conn)
+                self.counters["coalesced_ticks"] += await self._cron.plan_cron(conn)
             async with conn.pipeline():
                 claim_cur = await conn.execute(CLAIM, self._claim_params(limit, with_cron, long_limit))
                 after_cur = await conn.execute(AFTER_CLAIM, self._next_due_params())
@@ -172,7 +173,7 @@ class Dispatcher:
             after = await after_cur.fetchone()
             self._cron_due = bool(after and after[1])
             if self._cron_due and len(rows) < limit:
-                self.counters["coalesced_ticks"] += await plan_cron(conn)
+                self.counters["coalesced_ticks"] += await self._cron.plan_cron(conn)
                 if long_limit is not None:
                     long_limit -= sum(self.reserve.is_long(int(row[CLAIM_DEADLINE])) for row in rows)
                 cur = await conn.execute(CLAIM, self._claim_params(limit - len(rows), True, long_limit))
