@@ -139,7 +139,7 @@ def _round(scheduler: psycopg.Connection[Any], principal: psycopg.Connection[Any
             if batch > 1:
                 query = batch_query(items, key, NODE.encode().hex())
             else:
-                query = tick_query(job.tick_call or b"", chunk[0], 60_000, items[0].next_planned_ns, key,
+                query = tick_query(job.tick_call_constant, chunk[0], 60_000, items[0].next_planned_ns, key,
                                    NODE.encode().hex())
             if not clean:
                 query = query[:query.index(b"COMMIT; ") + len(b"COMMIT; ")] + b"SELECT true"

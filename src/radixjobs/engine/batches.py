@@ -49,7 +49,7 @@ import psycopg
 
 from radixjobs.db import first_line
 from radixjobs.engine.attempt import AttemptRunner, Outcome, Pause, attempt_mac, cleaned, refusal
-from radixjobs.engine.definitions import DefinitionCache, JobDefinition, dollar_quoted
+from radixjobs.engine.definitions import DefinitionCache, JobDefinition
 from radixjobs.engine.inflight import InFlight
 from radixjobs.engine.outcomes import OutcomeRecorder
 from radixjobs.engine.principals import LoginFailed, PrincipalPools, clean_statement
@@ -108,10 +108,7 @@ def batch_key(job: JobDefinition) -> tuple[str, str, str]:
 
 def batch_query(items: list[BatchItem], session_key: bytes, node_hex: str) -> bytes:
     """The batch as one simple query; run_ticks' rows are its result ``RUN_TICKS_RESULT``."""
-    calls = []
-    for item in items:
-        assert item.job.tick_call is not None
-        calls.append(dollar_quoted(item.job.tick_call.decode(), "radix_call"))
+    calls = [item.job.tick_call_constant for item in items]
     nexts = ("NULL" if item.next_planned_ns is None else f"'{int(item.next_planned_ns)}'" for item in items)
     run = RUN_TICKS.format(jobs=", ".join(f"'{item.tick.job_id}'" for item in items),
                            planned=", ".join(f"'{int(item.tick.planned_ns)}'" for item in items),

@@ -14,6 +14,7 @@ Invariants:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import secrets
 import uuid
@@ -94,11 +95,19 @@ class JobDefinition:
             return None
         return schedule.next_planned_after(self.schedule, anchor_ns, planned_ns)
 
+    @functools.cached_property
+    def tick_call_constant(self) -> str:
+        """``tick_call`` as a dollar-quoted string constant, made once per definition (engine/ticks.py and
+        engine/batches.py put it in every tick's query)."""
+        assert self.tick_call is not None
+        return dollar_quoted(self.tick_call.decode(), "radix_call")
+
     @property
     def size_bytes(self) -> int:
         """An estimate of the memory this definition holds: its texts plus a fixed overhead."""
         texts = (self.name, self.principal, self.signature)
-        return (DEFINITION_OVERHEAD_BYTES + len(self.call or b"") + len(self.tick_call or b"")
+        # the tick call counted twice: its text and its quoted constant, once a tick has run
+        return (DEFINITION_OVERHEAD_BYTES + len(self.call or b"") + 2 * len(self.tick_call or b"")
                 + sum(len(t) for t in texts))
 
 

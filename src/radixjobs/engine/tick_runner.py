@@ -98,7 +98,7 @@ class TickRunner:
                 started = datetime.datetime.now(datetime.UTC)
                 timer = asyncio.get_running_loop().call_later(PUBLISH_AFTER_S, lambda: publishing.append(
                     asyncio.create_task(self._publish(conn, tick, published, started))))
-                query = tick_query(job.tick_call, tick, job.deadline_ms, next_planned,
+                query = tick_query(job.tick_call_constant, tick, job.deadline_ms, next_planned,
                                    self._principals.session_key(conn), self._node_hex)
                 began = time.monotonic()
                 try:

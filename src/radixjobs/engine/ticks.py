@@ -26,7 +26,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from radixjobs.engine.attempt import Claim, attempt_mac
-from radixjobs.engine.definitions import dollar_quoted
 from radixjobs.engine.principals import clean_statement
 from radixjobs.fairness import Reserve, Served
 
@@ -99,15 +98,14 @@ def tick_claim(tick: Tick) -> Claim:
                  f"{tick.job_id}/{tick.planned_ns}", False, tick.coalesced, tick.anchor_ns)
 
 
-def tick_query(call: bytes, tick: Tick, deadline_ms: int, next_planned_ns: int | None, session_key: bytes,
+def tick_query(call: str, tick: Tick, deadline_ms: int, next_planned_ns: int | None, session_key: bytes,
                node_hex: str) -> bytes:
-    """The tick as one simple query: BEGIN, its timeout, radix.run_tick (its start, the CALL ``call``:
-    definitions.build_tick_call, and its end, in one statement), COMMIT, and then the connection's clean, which
-    runs only if the tick committed. run_tick's row is the result ``RUN_TICK_RESULT``."""
+    """The tick as one simple query: BEGIN, its timeout, radix.run_tick (its start, the CALL ``call``: the
+    job's JobDefinition.tick_call_constant, and its end, in one statement), COMMIT, and then the connection's
+    clean, which runs only if the tick committed. run_tick's row is the result ``RUN_TICK_RESULT``."""
     following = "NULL" if next_planned_ns is None else f"'{int(next_planned_ns)}'"
     run = RUN_TICK.format(job=tick.job_id, planned=int(tick.planned_ns), attempt=int(tick.attempt),
-                          mac=attempt_mac(session_key, tick.token), call=dollar_quoted(call.decode(), "radix_call"),
-                          next=following, node=node_hex)
+                          mac=attempt_mac(session_key, tick.token), call=call, next=following, node=node_hex)
     return b"".join((b"BEGIN; ", TIMEOUT.format(ms=int(deadline_ms)).encode(), run.encode(), b"COMMIT; ",
                      clean_statement()))
 
