@@ -16,7 +16,8 @@ from psycopg.rows import dict_row
 
 from radixjobs import catalog
 from radixjobs.engine import Engine
-from radixjobs.engine.batches import RUN_TICKS_RESULT, BatchItem, batch_query
+from radixjobs.engine.attempt import TICK_ROW
+from radixjobs.engine.batches import BatchItem, batch_query
 from radixjobs.engine.definitions import LOAD_DEFINITIONS, JobDefinition, definition_from_row
 from radixjobs.engine.ticks import FIND_TICKS, Tick
 from radixjobs.sqlscript import split_script
@@ -157,7 +158,7 @@ def found_ticks(app: App, node: str = "n") -> list[Tick]:
     """The due ticks radix.find_ticks hands out to node ``node`` (registered here), up to 10."""
     app.conn.execute("SELECT radix.register_node(%s, 'localhost', 0)", (node,))
     return [Tick.from_row(row, time.monotonic())
-            for row in app.conn.execute(FIND_TICKS.encode(), (node, 10, 0, [], [])).fetchall()]
+            for row in app.conn.execute(FIND_TICKS.encode(), (node, 10, 0, [], [], [])).fetchall()]
 
 
 def definitions(app: App, ticks: list[Tick]) -> dict[Any, JobDefinition]:
@@ -176,6 +177,6 @@ def batch_outcomes(app: App, ticks: list[Tick], cached: dict[Any, JobDefinition]
         items = [BatchItem(cached[t.job_id], t, None) for t in ticks]
         with principal.cursor() as cur:
             cur.execute(batch_query(items, bytes.fromhex(session[0]), "6e"), prepare=False)
-            for _ in range(RUN_TICKS_RESULT):
+            for _ in range(TICK_ROW):
                 cur.nextset()
             return {t.job_id: r for t, r in zip(ticks, cur.fetchall(), strict=True)}

@@ -45,7 +45,8 @@ import psutil
 import psycopg
 
 from harness import BenchDatabase, clone_jobs, wait_for
-from radixjobs.engine.batches import RUN_TICKS_RESULT, BatchItem, batch_query
+from radixjobs.engine.attempt import TICK_ROW
+from radixjobs.engine.batches import BatchItem, batch_query
 from radixjobs.engine.definitions import ARGUMENTS, JobDefinition, build_call, build_tick_call
 from radixjobs.engine.principals import principal_dsn
 from radixjobs.engine.ticks import FIND_TICKS, Tick, tick_query
@@ -125,7 +126,7 @@ def _round(scheduler: psycopg.Connection[Any], principal: psycopg.Connection[Any
     pid = principal.info.backend_pid
     done, started = 0, _backend_cpu_s(pid)
     while done < ticks:
-        rows = scheduler.execute(FIND_TICKS.encode(), (NODE, 64, 0, [], [])).fetchall()
+        rows = scheduler.execute(FIND_TICKS.encode(), (NODE, 64, 0, [], [], [])).fetchall()
         if not rows and recurring:
             scheduler.execute(DUE_AGAIN.encode())
             continue
@@ -146,7 +147,7 @@ def _round(scheduler: psycopg.Connection[Any], principal: psycopg.Connection[Any
             if batch > 1:
                 with principal.cursor() as cursor:
                     cursor.execute(query, prepare=False)
-                    for _ in range(RUN_TICKS_RESULT):
+                    for _ in range(TICK_ROW):
                         cursor.nextset()
                     outcomes = cursor.fetchall()
                     if len(outcomes) != len(chunk) or any(row[0] is not None for row in outcomes):

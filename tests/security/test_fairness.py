@@ -541,6 +541,26 @@ def test_ties_go_to_the_principal_served_least_recently(three: tuple[App, str, s
     assert _claimed(app.conn, "n1", 1, None, served=[oid[v], oid[h]]) == [f"{w}:w0"]  # v now has 1 running
 
 
+def test_a_find_deals_what_it_cannot_share_evenly_to_the_principal_served_least_recently(
+        three: tuple[App, str, str, str]) -> None:
+    """radix.find_ticks breaks ties as radix.claim_due does: a find of fewer ticks than the principals with
+    due ticks gives them to those this node served least recently, so under a backlog no principal gets the
+    odd ones at every find (by its oid or its due time)."""
+    app, h, v, w = three
+    oid = {r: int(app.conn.execute("SELECT %s::regrole::oid", (r,)).fetchone()[0])  # type: ignore[index]
+           for r in (h, v, w)}
+    app.conn.execute("UPDATE radix.radix_system_job_state SET due_ns = 0")  # all due alike: no tie broken by due
+
+    def found(served: list[int] | None) -> set[str]:
+        rows = app.conn.execute("SELECT p.rolname FROM radix.find_ticks('n1', 1, 0, '{}', '{}', %s::oid[]) f "
+                                "JOIN pg_roles p ON p.oid = f.principal", (served,)).fetchall()
+        return {r[0] for r in rows}
+
+    assert found([oid[h], oid[v]]) == {w}  # never served first
+    assert found([oid[w], oid[h], oid[v]]) == {w}  # then the least recently served
+    assert found([oid[v], oid[w], oid[h]]) == {v}
+
+
 @pytest.mark.usefixtures("batchable")  # batches form whatever the machine's load
 def test_a_batch_never_mixes_long_and_short_ticks(app: App) -> None:
     """A tick batch holds its lead's slot, and its ticks not run in it then run alone there: its ticks are

@@ -37,7 +37,9 @@ from radixjobs.engine.principals import clean_statement
 
 NON_ATOMIC_SQLSTATE = "2D000"  # invalid_transaction_termination: the procedure commits inside
 TICK_ELSEWHERE_SQLSTATE = "RXT01"  # radix.start_tick(s): the tick is not this backend's to run
-TICK_ROW = 2  # a tick's query (engine/ticks.py): BEGIN, its timeout, run_tick's row, COMMIT, the clean
+# The result of a tick's query (engine/ticks.py) or a batch's (engine/batches.py) holding run_tick's row or
+# run_ticks' rows: BEGIN, the timeout, those rows, COMMIT, the clean.
+TICK_ROW = 2
 
 BEGIN_NON_ATOMIC = ("SELECT pg_catalog.set_config('statement_timeout', %s::pg_catalog.text, false), "
                     "radix.begin_attempt(%s::pg_catalog.uuid, %s::pg_catalog.uuid)")

@@ -48,7 +48,7 @@ from typing import Any
 import psycopg
 
 from radixjobs.db import first_line
-from radixjobs.engine.attempt import AttemptRunner, Outcome, Pause, attempt_mac, cleaned, refusal
+from radixjobs.engine.attempt import TICK_ROW, AttemptRunner, Outcome, Pause, attempt_mac, cleaned, refusal
 from radixjobs.engine.definitions import DefinitionCache, JobDefinition
 from radixjobs.engine.inflight import InFlight
 from radixjobs.engine.outcomes import OutcomeRecorder
@@ -74,7 +74,6 @@ RUN_TICKS = ("SELECT r.failed_at, r.error_sqlstate, r.error_message FROM radix.r
              "ARRAY[{jobs}]::pg_catalog.uuid[], ARRAY[{planned}]::pg_catalog.int8[], "
              "ARRAY[{attempts}]::pg_catalog.int4[], ARRAY[{macs}]::pg_catalog.text[], "
              "ARRAY[{calls}]::pg_catalog.text[], ARRAY[{nexts}]::pg_catalog.int8[], '{node}'::pg_catalog.text) r; ")
-RUN_TICKS_RESULT = 2  # the results: BEGIN, the timeout, run_ticks' rows (one per tick, in order), COMMIT, the clean
 
 
 class Verdict(enum.Enum):
@@ -107,7 +106,7 @@ def batch_key(job: JobDefinition) -> tuple[str, str, str]:
 
 
 def batch_query(items: list[BatchItem], session_key: bytes, node_hex: str) -> bytes:
-    """The batch as one simple query; run_ticks' rows are its result ``RUN_TICKS_RESULT``."""
+    """The batch as one simple query; run_ticks' rows (one per tick, in order) are its result attempt.TICK_ROW."""
     calls = [item.job.tick_call_constant for item in items]
     nexts = ("NULL" if item.next_planned_ns is None else f"'{int(item.next_planned_ns)}'" for item in items)
     run = RUN_TICKS.format(jobs=", ".join(f"'{item.tick.job_id}'" for item in items),
@@ -215,7 +214,7 @@ class BatchRunner:
                     self._durations.note(job.signature, elapsed_ms / len(items))
                     if await cleaned(cur):
                         self._principals.mark_clean(conn)
-                    verdicts = [tick_verdict(row) for row in await (await cur.set_result(RUN_TICKS_RESULT)).fetchall()]
+                    verdicts = [tick_verdict(row) for row in await (await cur.set_result(TICK_ROW)).fetchall()]
                 return await self._record(conn, items, verdicts, began, started)
         except LoginFailed as failed:  # could not log in: each tick fails alone, as it would
             log.debug("batch not run node=%s: %s", self.node_id, first_line(failed.error))

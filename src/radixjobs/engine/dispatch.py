@@ -319,7 +319,7 @@ class Dispatcher:
         async with self._pool.connection() as conn:
             async with conn.pipeline():
                 cur = await conn.execute(FIND_TICKS, (self.node_id, FIND_BATCH, HORIZON_MS, list(inflight.ticks),
-                                                      self._principals.backend_pids()))
+                                                      self._principals.backend_pids(), self._served.oldest_first()))
                 after_cur = await conn.execute(AFTER_FIND, (*self._next_due_params(), self.node_id))
             now = time.monotonic()
             after = await after_cur.fetchone()

@@ -54,7 +54,7 @@ MAX_DURATIONS = 10_000
 
 
 FIND_TICKS = ("SELECT * FROM radix.find_ticks(%s::pg_catalog.text, %s::pg_catalog.int4, %s::pg_catalog.int4, "
-              "%s::pg_catalog.uuid[], %s::pg_catalog.int4[])")
+              "%s::pg_catalog.uuid[], %s::pg_catalog.int4[], %s::pg_catalog.oid[])")
 CLAIM_TICK = ("SELECT * FROM radix.claim_tick(%s::pg_catalog.text, %s::pg_catalog.uuid, %s::pg_catalog.int8, "
               "%s::pg_catalog.uuid, %s::pg_catalog.int4, %s::pg_catalog.bool, %s::pg_catalog.timestamptz)")
 RECORD_LOST_TICK = ("SELECT radix.record_lost_tick(%s::pg_catalog.text, %s::pg_catalog.uuid, %s::pg_catalog.int8, "
@@ -66,7 +66,6 @@ TIMEOUT = "SELECT pg_catalog.set_config('statement_timeout', '{ms}'::pg_catalog.
 RUN_TICK = ("SELECT r.failed_at, r.error_sqlstate, r.error_message FROM radix.run_tick('{job}'::pg_catalog.uuid, "
             "'{planned}'::pg_catalog.int8, '{attempt}'::pg_catalog.int4, '{mac}'::pg_catalog.text, "
             "{call}::pg_catalog.text, {next}::pg_catalog.int8, '{node}'::pg_catalog.text) r; ")
-RUN_TICK_RESULT = 2  # the results: BEGIN, the timeout, run_tick's row, COMMIT, the clean
 
 
 @dataclass(frozen=True)
@@ -102,7 +101,7 @@ def tick_query(call: str, tick: Tick, deadline_ms: int, next_planned_ns: int | N
                node_hex: str) -> bytes:
     """The tick as one simple query: BEGIN, its timeout, radix.run_tick (its start, the CALL ``call``: the
     job's JobDefinition.tick_call_constant, and its end, in one statement), COMMIT, and then the connection's
-    clean, which runs only if the tick committed. run_tick's row is the result ``RUN_TICK_RESULT``."""
+    clean, which runs only if the tick committed. run_tick's row is the result attempt.TICK_ROW."""
     following = "NULL" if next_planned_ns is None else f"'{int(next_planned_ns)}'"
     run = RUN_TICK.format(job=tick.job_id, planned=int(tick.planned_ns), attempt=int(tick.attempt),
                           mac=attempt_mac(session_key, tick.token), call=call, next=following, node=node_hex)

@@ -410,7 +410,12 @@ BEGIN
         OFFSET (SELECT j.history_limit FROM radix.jobs j WHERE j.job_id = p.job_id) LIMIT 1);
 END $$;
 
-CREATE OR REPLACE FUNCTION radix.find_ticks(node text, max_ticks integer, horizon_ms integer, skip uuid[], mine integer[])
+-- find_ticks: up to `max_ticks` ticks due within `horizon_ms`, none of `skip` (running here), dealt among the
+-- principals as radix._claim_shares deals a claim's slots, ties to the principal served least recently by this
+-- node (`served`, least recently first, as radix.claim_due's): under a backlog the slots a find cannot deal
+-- evenly go to each principal in turn, not always to the same ones.
+CREATE OR REPLACE FUNCTION radix.find_ticks(node text, max_ticks integer, horizon_ms integer, skip uuid[], mine integer[],
+                                            served oid[] DEFAULT NULL)
 RETURNS TABLE (job_id uuid, definition_version bigint, planned_ns bigint, attempt integer, coalesced bigint,
                anchor_ns bigint, due_in_ms float8, token uuid, principal oid, elsewhere integer,
                deadline_ms integer)
@@ -455,7 +460,7 @@ BEGIN
     END IF;
     RETURN QUERY
     WITH shares AS (
-        SELECT sh.principal AS p, sh.share AS n FROM radix._claim_shares(ps, runs, dues, max_ticks, NULL) sh
+        SELECT sh.principal AS p, sh.share AS n FROM radix._claim_shares(ps, runs, dues, max_ticks, NULL, served) sh
         WHERE cardinality(ps) > 1
         UNION ALL
         SELECT ps[1], max_ticks WHERE cardinality(ps) = 1

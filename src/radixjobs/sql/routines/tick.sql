@@ -149,7 +149,10 @@ BEGIN
     SELECT s.lease_token INTO token FROM radix.radix_system_job_state s
     WHERE s.job_id = job AND s.status = 'running' AND s.planned_ns = end_tick.planned
       AND s.attempt = end_tick.attempt AND radix._mac_of(key, s.lease_token) = mac;
-    IF NOT FOUND OR NOT radix._advance(job, token, next_ns, true, NULL) THEN
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'the tick is no longer as it began' USING ERRCODE = 'RXL01';
+    END IF;
+    IF NOT radix._advance(job, token, next_ns, true, NULL) THEN
         RAISE EXCEPTION 'the claim of this attempt is no longer held' USING ERRCODE = 'RXL01';
     END IF;
     UPDATE radix.radix_system_job_history h
