@@ -57,8 +57,9 @@ END $$;
 
 -- The MAC of a tick's frame (the value of `radix.tick`: radix.start_tick, radix.start_ticks), bound to its
 -- transaction by the frame's text: hex(sha256(secret || sha256(secret || 'radix.tick/' || frame))).
+-- STABLE as its body is (convert_to): an IMMUTABLE declaration would make it a call, not inlined.
 CREATE OR REPLACE FUNCTION radix._tick_frame_mac_of(secret bytea, frame text) RETURNS text
-LANGUAGE sql IMMUTABLE PARALLEL SAFE
+LANGUAGE sql STABLE PARALLEL SAFE
 RETURN encode(sha256(secret || sha256(secret || convert_to('radix.tick/' || frame, 'UTF8'))), 'hex');
 
 CREATE OR REPLACE FUNCTION radix._tick_frame_mac(frame text) RETURNS text
