@@ -86,8 +86,8 @@ DECLARE
     locked uuid[];
     this_xact text;
     found_at integer[];
-    refusals integer[];
-    signatures text[];
+    codes text[];
+    messages text[];
     batchable boolean[];
     frames text[];
     values_of jsonb[];
@@ -100,21 +100,22 @@ BEGIN
         -- the identity, the owner's right and the procedure's privileges, once per principal, owner and
         -- procedure of the batch (start_tick's checks, the same order)
         SELECT d.principal_oid, d.owner_oid, d.procedure_oid, d.procedure_signature,
-               r.refused
+               e.code, e.message
         FROM (SELECT DISTINCT jj.principal_oid, jj.owner_oid, jj.procedure_oid, jj.procedure_signature
               FROM radix.jobs jj WHERE jj.job_id = ANY (locked)) d
         LEFT JOIN pg_proc p ON p.oid = d.procedure_oid AND p.prokind = 'p'
                            AND p.oid::regprocedure::text = d.procedure_signature
         CROSS JOIN LATERAL radix._refusal(d.principal_oid, d.owner_oid, p.oid, p.pronamespace) r
+        LEFT JOIN LATERAL radix._refusal_error(r.refused, d.procedure_signature) e ON true
     ), session AS MATERIALIZED (  -- once, not once per state row
         SELECT k.secret, radix._session_key_of(k.secret, pg_backend_pid(), a.backend_start) AS key
         FROM radix.attempt_secret k, pg_stat_get_activity(pg_backend_pid()) a
     )
-    SELECT array_agg(x.i), array_agg(x.refused), array_agg(x.signature), array_agg(x.batch_ticks),
+    SELECT array_agg(x.i), array_agg(x.code), array_agg(x.message), array_agg(x.batch_ticks),
            array_agg(x.frame), array_agg(x.arguments)
-    INTO found_at, refusals, signatures, batchable, frames, values_of
+    INTO found_at, codes, messages, batchable, frames, values_of
     FROM (
-        SELECT u.i::integer AS i, c.refused, j.procedure_signature AS signature, j.batch_ticks, j.arguments,
+        SELECT u.i::integer AS i, c.code, c.message, j.batch_ticks, j.arguments,
                f.text || '/' || radix._tick_frame_mac_of(x.secret, this_xact || '/' || f.text) AS frame
         FROM unnest(jobs, planned, macs) WITH ORDINALITY AS u(job, planned_ns, mac, i)
         JOIN radix.radix_system_job_state s ON s.job_id = u.job
@@ -152,18 +153,9 @@ BEGIN
         ELSIF NOT batchable[at] THEN
             error_sqlstate := 'RXT03';
             error_message := 'the tick is not run in a batch: its job is not WITH (batch = on)';
-        ELSIF refusals[at] = 1 THEN
-            error_sqlstate := '42501';
-            error_message := 'permission denied: the attempt is not logged in as its principal';
-        ELSIF refusals[at] = 2 THEN
-            error_sqlstate := '42501';
-            error_message := 'permission denied: the job owner may no longer act as its principal';
-        ELSIF refusals[at] = 3 THEN
-            error_sqlstate := '42883';
-            error_message := format('procedure %s no longer exists', signatures[at]);
-        ELSIF refusals[at] = 4 THEN
-            error_sqlstate := '42501';
-            error_message := format('permission denied for procedure %s', signatures[at]);
+        ELSIF codes[at] IS NOT NULL THEN
+            error_sqlstate := codes[at];
+            error_message := messages[at];
         ELSE
             frame := frames[at];
             arguments := values_of[at];

@@ -210,3 +210,20 @@ BEGIN ATOMIC
         ELSE 0
     END;
 END;
+
+-- A refusal of radix._refusal (1 to 4) as the error each begin reports (start_tick, start_ticks) or raises
+-- (begin_atomic): its SQLSTATE and message, `signature` the procedure's; no row for 0 (the attempt may run).
+-- Plain SQL without a SET clause, inlined like radix._refusal.
+CREATE OR REPLACE FUNCTION radix._refusal_error(refused integer, signature text)
+RETURNS TABLE (code text, message text)
+LANGUAGE sql STABLE ROWS 1
+BEGIN ATOMIC
+    SELECT CASE WHEN refused = 3 THEN '42883' ELSE '42501' END,
+           CASE refused
+               WHEN 1 THEN 'permission denied: the attempt is not logged in as its principal'
+               WHEN 2 THEN 'permission denied: the job owner may no longer act as its principal'
+               WHEN 3 THEN format('procedure %s no longer exists', signature)
+               ELSE format('permission denied for procedure %s', signature)
+           END
+    WHERE refused BETWEEN 1 AND 4;
+END;

@@ -45,8 +45,7 @@ DECLARE
     started timestamptz := (SELECT a.backend_start FROM pg_stat_get_activity(pg_backend_pid()) a);
     c record;
 BEGIN
-    SELECT s.attempt, s.planned_ns, s.idempotency_key, s.lease_token, h.signature AS procedure_signature,
-           r.refused
+    SELECT s.attempt, s.planned_ns, s.idempotency_key, s.lease_token, e.code, e.message
     INTO c
     FROM radix.radix_system_job_state s
     JOIN radix.jobs j ON j.job_id = s.job_id
@@ -56,22 +55,15 @@ BEGIN
                                     ELSE j.procedure_signature END) AS h(oid, signature)
     LEFT JOIN pg_proc p ON p.oid = h.oid AND p.prokind = 'p' AND p.oid::regprocedure::text = h.signature
     CROSS JOIN LATERAL radix._refusal(j.principal_oid, j.owner_oid, p.oid, p.pronamespace) r
+    LEFT JOIN LATERAL radix._refusal_error(r.refused, h.signature) e ON true
     CROSS JOIN radix.attempt_secret k
     WHERE s.job_id = job AND s.status = 'running'
       AND radix._mac_of(radix._session_key_of(k.secret, pg_backend_pid(), started), s.lease_token) = mac
     FOR KEY SHARE OF s;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'the claim of this attempt is no longer held' USING ERRCODE = 'RXL01';
-    ELSIF c.refused = 1 THEN
-        RAISE EXCEPTION 'permission denied: the attempt is not logged in as its principal'
-            USING ERRCODE = '42501';
-    ELSIF c.refused = 2 THEN
-        RAISE EXCEPTION 'permission denied: the job owner may no longer act as its principal'
-            USING ERRCODE = '42501';
-    ELSIF c.refused = 3 THEN
-        RAISE EXCEPTION 'procedure % no longer exists', c.procedure_signature USING ERRCODE = '42883';
-    ELSIF c.refused = 4 THEN
-        RAISE EXCEPTION 'permission denied for procedure %', c.procedure_signature USING ERRCODE = '42501';
+    ELSIF c.code IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = c.code, MESSAGE = c.message;
     END IF;
     INSERT INTO radix.attempt_frames AS f
         (pid, backend_start, job_id, attempt, planned_ns, idempotency_key, lease_token)

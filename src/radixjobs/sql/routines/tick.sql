@@ -57,7 +57,7 @@ BEGIN
         RETURN;
     END IF;
     -- in a later statement than the lock, so that its snapshot is newer
-    SELECT s.attempt, j.procedure_signature, j.arguments, r.refused,
+    SELECT s.attempt, j.arguments, e.code, e.message,
            f.text || '/' || radix._tick_frame_mac_of(k.secret, pg_current_xact_id()::text || '/' || f.text) AS frame
     INTO c
     FROM radix.radix_system_job_state s
@@ -65,6 +65,7 @@ BEGIN
     LEFT JOIN pg_proc p ON p.oid = j.procedure_oid AND p.prokind = 'p'
                        AND p.oid::regprocedure::text = j.procedure_signature
     CROSS JOIN LATERAL radix._refusal(j.principal_oid, j.owner_oid, p.oid, p.pronamespace) r
+    LEFT JOIN LATERAL radix._refusal_error(r.refused, j.procedure_signature) e ON true
     CROSS JOIN radix.attempt_secret k
     CROSS JOIN LATERAL (SELECT job::text || '/' || (s.attempt + 1)::text || '/' || start_tick.planned_ns::text AS text) f
     WHERE s.job_id = job AND s.status IN ('scheduled', 'retry_wait') AND s.request_kind IS NULL
@@ -81,18 +82,9 @@ BEGIN
         error_sqlstate := 'RXT01';
         error_message := 'the tick is not this session''s to run: it ran, changed since it was found, or missed '
                          'its start deadline';
-    ELSIF c.refused = 1 THEN
-        error_sqlstate := '42501';
-        error_message := 'permission denied: the attempt is not logged in as its principal';
-    ELSIF c.refused = 2 THEN
-        error_sqlstate := '42501';
-        error_message := 'permission denied: the job owner may no longer act as its principal';
-    ELSIF c.refused = 3 THEN
-        error_sqlstate := '42883';
-        error_message := format('procedure %s no longer exists', c.procedure_signature);
-    ELSIF c.refused = 4 THEN
-        error_sqlstate := '42501';
-        error_message := format('permission denied for procedure %s', c.procedure_signature);
+    ELSIF c.code IS NOT NULL THEN
+        error_sqlstate := c.code;
+        error_message := c.message;
     ELSE
         frame := c.frame;
         arguments := c.arguments;
